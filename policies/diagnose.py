@@ -1,0 +1,330 @@
+"""Observations → one Fault (or None): pure, explainable, testable in microseconds.
+
+Order of precedence (the first rule that holds decides; later rules only add nothing):
+
+1. `gpu_fault`  — a fatal Xid (48, 62, 63, 64, 74, 79, 92, 94, 95) or a GPU-fault log line: the card is poisoned.
+2. `oom`        — a CUDA / KV out-of-memory line (more specific than the crash that follows it).
+3. `crash`      — a rank missing or zombie, the main process gone, a fail-stop line, Xid 13/31/43.
+                  While `starting` the same evidence is reported as `startup_failure`.
+4. `startup_failure` — an init death, port collision, /dev/shm bus error, graph-capture failure.
+5. `collective_hang` — work stalled AND (rank stacks in different collectives, all in one collective, or GPUs
+                  spinning at ≥95 % utilisation on ≤35 % power); or an NCCL/Gloo collective timeout line.
+6. `pd_transfer_wedge` — a decode server whose transfer/prealloc queue is non-zero and not draining with no decode
+                  progress for `stall_after_s`.
+7. `decode_wedge` — work in flight (frozen running gauge, generation requests active, our own canary) with no
+                  token progress for `stall_after_s`, or SGLang's own watchdog line.
+8. `parser_misconfig` — a definitive canary failure (leak signature, structural failure, stream/non-stream
+                  disagreement) or `/server_info` naming another parser than expected.
+9. `health_unresponsive` — /health 503 or timing out for `unresponsive_after_s` (at least `health_failures` in a
+                  row) AND no progress in that span; never while `starting` (503 is normal there).
+10. `startup_stalled` — while `starting`: no progress line for `startup_silence_s`, or the startup budget (extended
+                  while progress lines keep coming) is spent.
+11. `stream_leak` — markup leaks only under concurrent streaming: alert, degrade, never restart.
+
+Busy-but-progressing is never a fault: a long prefill moves prefill counters or logs `Prefill batch` lines, and a
+GPU drawing real power is computing, so /health 503 during it is not acted on (failure-modes.md F13).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from probes.base import Observation
+from probes.settings import ProbeSettings
+
+FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95})
+CRASH_XIDS = frozenset({13, 31, 43})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A diagnosed fault: a kind of docs/contracts.md and the evidence that decided it."""
+
+    kind: str
+    evidence: Mapping[str, Any]  # names the probes and values that decided it; "tags" feeds the ladders
+    confidence: float  # 0..1
+    reason: str  # one line
+    restart: bool  # False for stream_leak (alert only, degraded)
+
+
+@dataclass(frozen=True)
+class DiagnoseContext:
+    """Where the server stands: the phase, its role, when this launch started, the thresholds."""
+
+    phase: str  # "starting" | "serving" | "degraded"
+    role: str  # "unified" | "prefill" | "decode" | "router"
+    started_at: float  # monotonic, this launch
+    settings: ProbeSettings
+
+
+class _Window:
+    def __init__(self, observations: Sequence[Observation]) -> None:
+        self.by_probe: dict[str, list[Observation]] = {}
+        for obs in sorted(observations, key=lambda o: o.at):
+            self.by_probe.setdefault(obs.probe, []).append(obs)
+
+    def all(self, probe: str) -> list[Observation]:
+        return self.by_probe.get(probe, [])
+
+    def latest(self, probe: str) -> Observation | None:
+        found = self.by_probe.get(probe)
+        return found[-1] if found else None
+
+    def hits(self, kind: str) -> list[dict[str, Any]]:
+        return [h for o in self.all("logs") for h in o.values.get("hits", ()) if h.get("kind") == kind]
+
+    def last_progress_at(self) -> float | None:
+        times = [
+            o.values.get("last_progress_at") for o in (self.latest("progress"), self.latest("logs")) if o
+        ]
+        known = [float(t) for t in times if t is not None]
+        return max(known) if known else None
+
+
+def _fault(kind: str, reason: str, confidence: float, restart: bool = True, **evidence: Any) -> Fault:
+    tags = [t for t in evidence.pop("tags", ()) if t]
+    return Fault(kind, {**evidence, "tags": tags}, confidence, reason, restart)
+
+
+def _log_fault(w: _Window, kind: str, confidence: float, as_kind: str | None = None) -> Fault | None:
+    hits = w.hits(kind)
+    if not hits:
+        return None
+    first = hits[0]
+    return _fault(
+        as_kind or kind,
+        f"log: {first['line'][:160]}",
+        confidence,
+        logs=hits[:5],
+        tags=[h.get("tag", "") for h in hits],
+    )
+
+
+def _gpu_fault(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    for obs in reversed(w.all("gpu")):
+        fatal = [x for x in obs.values.get("xids", ()) if int(x.get("xid", 0)) in FATAL_XIDS]
+        if fatal:
+            return _fault(
+                "gpu_fault", f"fatal Xid {fatal[0]['xid']} on GPU {fatal[0].get('index')}", 0.95, gpu=fatal
+            )
+    return _log_fault(w, "gpu_fault", 0.9)
+
+
+def _oom(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    return _log_fault(w, "oom", 0.9)
+
+
+def _crash(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    kind = "startup_failure" if ctx.phase == "starting" else "crash"
+    ranks = w.latest("ranks")
+    if ranks is not None:
+        v = ranks.values
+        if not v.get("main_alive", True):
+            return _fault(kind, "the main process is gone", 0.95, ranks=dict(v))
+        if v.get("missing") or v.get("zombie"):
+            lost = [*v.get("missing", ()), *v.get("zombie", ())]
+            return _fault(
+                kind, f"ranks lost while the main process lives: {', '.join(lost)}", 0.9, ranks=dict(v)
+            )
+    found = _log_fault(w, "crash", 0.85, kind)
+    if found is not None:
+        return found
+    for obs in reversed(w.all("gpu")):
+        xids = [x for x in obs.values.get("xids", ()) if int(x.get("xid", 0)) in CRASH_XIDS]
+        if xids:
+            return _fault(
+                kind,
+                f"Xid {xids[0]['xid']}: the GPU context faulted",
+                0.6,
+                gpu=xids,
+                tags=["illegal_memory_access"],
+            )
+    return None
+
+
+def _startup_failure(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    return _log_fault(w, "startup_failure", 0.9)
+
+
+def _stalled(w: _Window, ctx: DiagnoseContext) -> Observation | None:
+    progress = w.latest("progress")
+    if progress is None or float(progress.values.get("stalled_s", 0.0)) < ctx.settings.stall_after_s:
+        return None
+    return progress
+
+
+def _spinning(w: _Window) -> list[int]:
+    gpu = w.latest("gpu")
+    return list(gpu.values.get("spin", ())) if gpu else []
+
+
+def _collective_hang(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    logged = _log_fault(w, "collective_hang", 0.9)
+    if logged is not None:
+        return logged
+    progress = _stalled(w, ctx)
+    if progress is None:
+        return None
+    stall = {"stalled_s": progress.values.get("stalled_s"), "work": progress.values.get("work_reasons")}
+    stacks = w.latest("stacks")
+    if stacks is not None and stacks.at >= now - float(progress.values.get("stalled_s", 0.0)):
+        frames = stacks.values.get("ranks", {})
+        collectives = sorted({r.get("collective") for r in frames.values() if r.get("collective")})
+        if stacks.values.get("diverging"):
+            return _fault(
+                "collective_hang",
+                f"ranks blocked in different collectives: {', '.join(collectives)}",
+                0.95,
+                stacks=frames,
+                progress=stall,
+            )
+        if stacks.values.get("all_in") and stacks.values.get("all_in") != "recv_requests":
+            return _fault(
+                "collective_hang",
+                f"every rank blocked in {stacks.values['all_in']} with no progress",
+                0.85,
+                stacks=frames,
+                progress=stall,
+            )
+    spin = _spinning(w)
+    if spin:
+        return _fault(
+            "collective_hang",
+            f"GPUs {spin} spin (high utilisation, idle power) with no progress",
+            0.8,
+            gpu_spin=spin,
+            progress=stall,
+        )
+    return None
+
+
+def _pd_wedge(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    if ctx.role != "decode":
+        return None
+    progress = w.latest("progress")
+    if progress is None or float(progress.values.get("pd_stalled_s", 0.0)) < ctx.settings.stall_after_s:
+        return None
+    v = progress.values
+    return _fault(
+        "pd_transfer_wedge",
+        f"transfer queue stuck at {v.get('pd_queue')} for {float(v['pd_stalled_s']):.0f}s, no decode progress",
+        0.85,
+        progress={"pd_queue": v.get("pd_queue"), "pd_stalled_s": v.get("pd_stalled_s")},
+        logs=w.hits("pd_transfer_wedge")[:5],
+    )
+
+
+def _decode_wedge(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    progress = _stalled(w, ctx)
+    if progress is not None:
+        v = progress.values
+        stacks = w.latest("stacks")
+        return _fault(
+            "decode_wedge",
+            f"work in flight ({', '.join(v.get('work_reasons', ()))}) and no token progress for "
+            f"{float(v['stalled_s']):.0f}s",
+            0.85,
+            progress={
+                k: v.get(k) for k in ("stalled_s", "work_reasons", "running", "active_gen", "counters")
+            },
+            stacks=stacks.values.get("ranks") if stacks else None,
+        )
+    return _log_fault(w, "decode_wedge", 0.8)
+
+
+def _parser(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    for probe in ("config_check", "canary_tool", "canary_reasoning"):
+        obs = w.latest(probe)
+        if obs is not None and obs.values.get("verdict") == "fail":
+            return _fault(
+                "parser_misconfig",
+                f"{probe}: {obs.detail}",
+                0.95 if probe != "config_check" else 0.9,
+                probe=probe,
+                values=dict(obs.values),
+            )
+    return None
+
+
+def _unresponsive(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    if ctx.phase == "starting":
+        return None
+    failing: list[Observation] = []
+    for obs in reversed(w.all("health")):
+        if obs.ok or obs.values.get("refused"):
+            break
+        failing.append(obs)
+    s = ctx.settings
+    if len(failing) < s.health_failures:
+        return None
+    since = failing[-1].at - (failing[-1].latency_s or 0.0)
+    if now - since < s.unresponsive_after_s:
+        return None
+    last = w.last_progress_at()
+    if last is not None and last >= since:
+        return None
+    codes = [o.values.get("status") for o in reversed(failing)]
+    return _fault(
+        "health_unresponsive",
+        f"/health failing for {now - since:.0f}s ({len(failing)} probes) with no progress",
+        0.8,
+        health={"statuses": codes[-10:], "since": since},
+        last_progress_at=last,
+    )
+
+
+def _startup_stalled(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    if ctx.phase != "starting":
+        return None
+    s = ctx.settings
+    last = max(ctx.started_at, w.last_progress_at() or ctx.started_at)
+    silent = now - last
+    deadline = max(ctx.started_at + s.startup_budget_s, last + s.startup_silence_s)
+    logs = w.latest("logs")
+    evidence = {
+        "silent_s": round(silent, 1),
+        "progress_line": logs.values.get("progress_line") if logs else None,
+    }
+    if silent >= s.startup_silence_s:
+        return _fault("startup_stalled", f"no startup progress for {silent:.0f}s", 0.8, startup=evidence)
+    if now >= deadline:
+        return _fault(
+            "startup_stalled", f"startup budget of {s.startup_budget_s:.0f}s spent", 0.8, startup=evidence
+        )
+    return None
+
+
+def _stream_leak(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    obs = w.latest("canary_stream")
+    if obs is None or obs.values.get("verdict") != "fail":
+        return None
+    return _fault(
+        "stream_leak", f"canary_stream: {obs.detail}", 0.9, restart=False, canary_stream=dict(obs.values)
+    )
+
+
+_RULES = (
+    _gpu_fault,
+    _oom,
+    _crash,
+    _startup_failure,
+    _collective_hang,
+    _pd_wedge,
+    _decode_wedge,
+    _parser,
+    _unresponsive,
+    _startup_stalled,
+    _stream_leak,
+)
+
+
+def diagnose(observations: Sequence[Observation], ctx: DiagnoseContext, now: float) -> Fault | None:
+    """The fault the observations show, by the precedence in the module docstring, or None."""
+    window = _Window(observations)
+    for rule in _RULES:
+        fault = rule(window, ctx, now)
+        if fault is not None:
+            return fault
+    return None

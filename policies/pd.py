@@ -1,0 +1,67 @@
+"""Prefill/decode ordering (DESIGN §3, failure-modes F3/F5).
+
+- A decode fault restarts that decode only; a healthy prefill is left alone.
+- Any prefill restart is followed by a restart of every decode (decode caches prefill endpoints).
+- The router is restarted only for its own fault; a unified server only for its own.
+- Start order: prefills before decodes, every worker before the routers, and explicit `depends_on`
+  edges on top. Stop in the reverse order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+
+
+class Role(StrEnum):
+    """What a server is in the deployment."""
+
+    UNIFIED = "unified"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    ROUTER = "router"
+
+
+# (earlier, later) role pairs ordered implicitly; unified servers have no implicit order among workers.
+_IMPLICIT = frozenset(
+    {
+        (Role.PREFILL, Role.DECODE),
+        (Role.PREFILL, Role.ROUTER),
+        (Role.DECODE, Role.ROUTER),
+        (Role.UNIFIED, Role.ROUTER),
+    }
+)
+
+
+def restart_order(faulted: str, roles: Mapping[str, Role]) -> tuple[str, ...]:
+    """Servers to restart, in order, when `faulted` must be restarted."""
+    if faulted not in roles:
+        raise KeyError(f"unknown server {faulted!r}")
+    if roles[faulted] is not Role.PREFILL:
+        return (faulted,)
+    return (faulted, *(name for name, role in roles.items() if role is Role.DECODE))
+
+
+def start_order(roles: Mapping[str, Role], depends_on: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+    """Every server, each after its dependencies (explicit, then by role); ValueError on a cycle.
+
+    Ties keep the order of `roles` (the order of the config file).
+    """
+    position = {name: i for i, name in enumerate(roles)}
+    for name, deps in depends_on.items():
+        unknown = [d for d in deps if d not in roles]
+        if name not in roles or unknown:
+            raise ValueError(f"depends_on names unknown servers: {[name, *unknown]}")
+
+    def must_precede(a: str, b: str) -> bool:
+        return a in depends_on.get(b, ()) or (roles[a], roles[b]) in _IMPLICIT
+
+    done: list[str] = []
+    pending = sorted(roles, key=lambda n: position[n])
+    while pending:
+        ready = [n for n in pending if not any(must_precede(m, n) for m in pending if m != n)]
+        if not ready:
+            raise ValueError(f"depends_on has a cycle among {pending}")
+        done.append(ready[0])
+        pending.remove(ready[0])
+    return tuple(done)

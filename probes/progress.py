@@ -1,0 +1,194 @@
+"""The progress lease: is work in flight, and are tokens still being produced?
+
+SGLang's batch gauges freeze at their last values when the scheduler wedges, and token totals move only when a
+request finishes, so neither is a liveness signal (sglang-internals.md §2). The counters that tick on every
+forward are: `realtime_tokens_total` (decode and prefill modes), `inter_token_latency_seconds_count` (tokens that
+reached the API) and `cuda_graph_passes_total`. Work in flight is: generation requests active at the HTTP layer,
+our own outstanding canary, or (when the HTTP gauge is absent) a non-zero running gauge. Work with no progress
+for `stall_after_s` is a stall. Log batch lines and a GPU drawing real power also count as progress.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from probes.base import Observation, read_capped
+
+GENERATION_ENDPOINTS = frozenset(
+    {"/generate", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
+)
+PD_QUEUES = {
+    "decode": ("sglang:num_decode_transfer_queue_reqs", "sglang:num_decode_prealloc_queue_reqs"),
+    "prefill": ("sglang:num_prefill_inflight_queue_reqs", "sglang:num_prefill_bootstrap_queue_reqs"),
+}
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One series of a Prometheus text exposition."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def parse_metrics(text: str) -> list[Sample]:
+    """Samples of a Prometheus text body; comments and malformed lines are skipped."""
+    samples: list[Sample] = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _LINE.match(line)
+        if match is None:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        labels = dict(_LABEL.findall(match.group(2) or ""))
+        samples.append(Sample(match.group(1), labels, value))
+    return samples
+
+
+def progress_counters(samples: list[Sample]) -> dict[str, float]:
+    """The counters that move only when the engine runs a forward, summed over ranks."""
+    out: dict[str, float] = {}
+
+    def add(key: str, value: float) -> None:
+        out[key] = out.get(key, 0.0) + value
+
+    for s in samples:
+        mode = s.labels.get("mode", "")
+        if s.name == "sglang:realtime_tokens_total":
+            add("decode_tokens" if mode == "decode" else "prefill_tokens", s.value)
+        elif s.name == "sglang:inter_token_latency_seconds_count":
+            add("streamed_tokens", s.value)
+        elif s.name == "sglang:cuda_graph_passes_total":
+            add("decode_passes" if mode.startswith("decode") else "prefill_passes", s.value)
+        elif s.name in ("sglang:prompt_tokens_total", "sglang:generation_tokens_total"):
+            add(s.name.removeprefix("sglang:"), s.value)
+    return out
+
+
+def _gauge(samples: list[Sample], names: tuple[str, ...] | str) -> float | None:
+    wanted = (names,) if isinstance(names, str) else names
+    found = [s.value for s in samples if s.name in wanted]
+    return sum(found) if found else None
+
+
+@dataclass
+class ProgressTracker:
+    """State across scrapes: last counters, when progress last moved, since when work has been waiting."""
+
+    role: str = "unified"
+    counters: dict[str, float] = field(default_factory=dict)
+    last_progress_at: float | None = None
+    work_since: float | None = None
+    pd_queue: float = 0.0
+    pd_since: float | None = None
+
+    def reset(self, now: float) -> None:
+        """A new launch: counters restart from zero, progress counts from now."""
+        self.counters, self.last_progress_at, self.work_since = {}, now, None
+        self.pd_queue, self.pd_since = 0.0, None
+
+    def update(
+        self,
+        samples: list[Sample] | None,
+        now: float,
+        *,
+        canary_outstanding: bool = False,
+        other_progress_at: float | None = None,
+        error: str = "",
+        latency_s: float | None = None,
+    ) -> Observation:
+        """Fold one scrape (None when it failed) into the lease and report it."""
+        moved: list[str] = []
+        running = active = pd_queue = None
+        if samples is not None:
+            counters = progress_counters(samples)
+            moved = [k for k, v in counters.items() if v != self.counters.get(k, 0.0)]
+            self.counters = counters
+            running = _gauge(samples, "sglang:num_running_reqs")
+            active_series = [s for s in samples if s.name == "sglang:http_requests_active"]
+            if active_series:
+                active = sum(s.value for s in active_series if s.labels.get("endpoint") in GENERATION_ENDPOINTS)
+            pd_queue = _gauge(samples, PD_QUEUES.get(self.role, ()))
+        if moved:
+            self.last_progress_at = now
+        if other_progress_at is not None and (self.last_progress_at or 0.0) < other_progress_at:
+            self.last_progress_at = other_progress_at
+        reasons = [r for r, on in self._work(running, active, canary_outstanding) if on]
+        if reasons and self.work_since is None:
+            self.work_since = now
+        if not reasons:
+            self.work_since = None
+        stalled = now - max(self.work_since or now, self.last_progress_at or now) if reasons else 0.0
+        pd_stalled = self._pd(pd_queue, moved, now)
+        values = {
+            "scrape_ok": samples is not None,
+            "work": bool(reasons),
+            "work_reasons": reasons,
+            "stalled_s": round(max(stalled, 0.0), 3),
+            "last_progress_at": self.last_progress_at,
+            "moved": moved,
+            "running": running,
+            "active_gen": active,
+            "canary_outstanding": canary_outstanding,
+            "pd_queue": pd_queue,
+            "pd_stalled_s": round(pd_stalled, 3),
+            "counters": dict(self.counters),
+        }
+        if samples is None:
+            detail = f"metrics unavailable: {error}"
+        elif reasons:
+            detail = f"work in flight ({', '.join(reasons)}); no progress for {stalled:.1f}s" if stalled > 0 else (
+                f"work in flight, progressing ({', '.join(moved) or 'other signals'})"
+            )
+        else:
+            detail = "idle"
+        return Observation("progress", now, samples is not None, detail, latency_s, values)
+
+    @staticmethod
+    def _work(running: float | None, active: float | None, canary: bool) -> list[tuple[str, bool]]:
+        return [
+            ("generation_requests_active", bool(active)),
+            ("canary_outstanding", canary),
+            ("num_running_reqs", active is None and bool(running)),
+        ]
+
+    def _pd(self, queue: float | None, moved: list[str], now: float) -> float:
+        """Seconds a non-zero PD queue has neither drained nor let decode progress."""
+        if not queue:
+            self.pd_queue, self.pd_since = 0.0, None
+            return 0.0
+        if self.pd_since is None or queue < self.pd_queue or any(m.startswith("decode") for m in moved):
+            self.pd_since = now
+        self.pd_queue = queue
+        return now - self.pd_since
+
+
+async def scrape_metrics(
+    session: aiohttp.ClientSession, base_url: str, timeout_s: float, max_bytes: int
+) -> tuple[list[Sample] | None, str, float]:
+    """GET /metrics with a timeout and a byte cap: (samples or None, error, latency)."""
+    start = time.monotonic()
+    try:
+        async with session.get(
+            f"{base_url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp:
+            if resp.status != 200:
+                return None, f"HTTP {resp.status}", time.monotonic() - start
+            body = await read_capped(resp, max_bytes)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        return None, type(exc).__name__, time.monotonic() - start
+    text = body.decode("utf-8", "replace")
+    if len(body) >= max_bytes:
+        text = text.rsplit("\n", 1)[0]
+    return parse_metrics(text), "", time.monotonic() - start

@@ -1,0 +1,275 @@
+"""The main process's scheduler side: admits requests, drives the ranks step by step, emits tokens.
+
+One engine thread owns the ranks' pipes. Each step is sent to every rank; rank 0 of each TP group answers when
+the step's collectives complete. A wedged group never answers, so the thread blocks exactly where SGLang's
+TokenizerManager would wait, gauges freeze, and only a health "busy path" (when the fault has one) stays green.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+
+from simulator.faults import FaultBook
+from simulator.logs import log
+from simulator.sim_metrics import SimMetrics
+
+Sink = Callable[[list[str], bool, str], None]  # (new tokens, finished, finish_reason)
+
+
+@dataclass
+class Req:
+    """One generation request as the scheduler sees it."""
+
+    rid: str
+    tokens: list[str]
+    prompt_tokens: int
+    finish_reason: str
+    sink: Sink
+    kind: str = "user"  # "user" | "health" | "warmup"
+    created: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    pos: int = 0
+    last_token_at: float = 0.0
+
+
+class Engine:
+    """Drives the rank processes and turns steps into tokens."""
+
+    def __init__(
+        self,
+        conns: list[Connection],
+        leaders: list[Connection],
+        faults: FaultBook,
+        metrics: SimMetrics,
+        *,
+        tp_size: int,
+        step_s: float,
+        overlap: bool,
+        speculative: bool,
+        watchdog_timeout: float,
+        decode_log_interval: int,
+    ) -> None:
+        self.conns = conns
+        self.leaders = leaders
+        self.faults = faults
+        self.metrics = metrics
+        self.tp_size = tp_size
+        self.step_s = step_s
+        self.overlap = overlap
+        self.speculative = speculative
+        self.watchdog_timeout = watchdog_timeout
+        self.decode_log_interval = max(1, decode_log_interval)
+        self.cond = threading.Condition()
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.parked = 0  # requests held outside the batch (PD transfer queue, post-restart hang)
+        self.stopping = False
+        self.last_receive_tstamp = 0.0
+        self.forward_ct = 0
+        self.batch_active_since: float | None = None
+        self.wedged: str = ""  # the fault that wedged the ranks
+        self.health_busy_path = False
+        self.long_prefill_until = 0.0
+        self._steps = itertools.count(1)
+        self._thread = threading.Thread(target=self._loop, name="scheduler-client", daemon=True)
+        self._watchdog = threading.Thread(target=self._watchdog_loop, name="scheduler-watchdog", daemon=True)
+
+    def start(self) -> None:
+        """Start the engine and the simulated scheduler watchdog."""
+        self._thread.start()
+        self._watchdog.start()
+
+    def stop(self) -> None:
+        """Ask the engine thread to stop after the current step."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+
+    def submit(self, req: Req) -> None:
+        """Queue a request for the next step."""
+        with self.cond:
+            self.waiting.append(req)
+            self.cond.notify_all()
+
+    def submit_health(self) -> None:
+        """A health generation: executed only when idle; a busy scheduler answers after its next batch."""
+        with self.cond:
+            if not self.running and not self.waiting:
+                self.waiting.append(
+                    Req(f"HEALTH_CHECK_{time.time_ns()}", ["."], 1, "length", _drop, kind="health")
+                )
+                self.cond.notify_all()
+
+    @property
+    def load(self) -> int:
+        """Requests in the batch or waiting for it."""
+        with self.cond:
+            return len(self.running) + len([r for r in self.waiting if r.kind == "user"])
+
+    def _loop(self) -> None:
+        last_idle_log = time.monotonic()
+        while True:
+            with self.cond:
+                while not self.stopping and not self.waiting and not self.running:
+                    self.cond.wait(timeout=1.0)
+                    if time.monotonic() - last_idle_log >= 30.0:
+                        last_idle_log = time.monotonic()
+                        self.metrics.idle_tick(self.parked)
+                if self.stopping:
+                    return
+                new = self.waiting
+                self.waiting = []
+                self.running.extend(new)
+                running = list(self.running)
+            self._step(new, running)
+
+    def _choose_mode(self, running: list[Req]) -> tuple[str, float]:
+        """The fault (if any) this step runs into, and the step duration."""
+        concurrency = len([r for r in running if r.kind == "user"])
+        longest = max((len(r.tokens) for r in running), default=0)
+        user = concurrency > 0
+        f = self.faults
+        if user and self.tp_size >= 2 and self.overlap and f.check("overlap_tp_desync_hang"):
+            return "desync:overlap_tp_desync_hang", self.step_s
+        if user and self.tp_size >= 2 and f.check("watchdog_disabled_silent_wedge"):
+            return "desync:watchdog_disabled_silent_wedge", self.step_s
+        if user and f.check("custom_allreduce_spin_sigterm_immune"):
+            return "spin:custom_allreduce_spin_sigterm_immune", self.step_s
+        if user and self.speculative and f.check("spec_decode_kernel_spin", max_tokens=longest):
+            return "spin:spec_decode_kernel_spin", self.step_s
+        if user and f.check("dev_shm_crashloop"):
+            return "oom", self.step_s
+        if user and f.check("runtime_cuda_oom_crash", concurrency=concurrency):
+            return "oom", self.step_s
+        if user and self.overlap and f.check("illegal_memory_access", concurrency=concurrency):
+            return "ima", self.step_s
+        if user and f.check("zombie_after_cpp_abort"):
+            return "abort", self.step_s
+        if user and f.check("health_false_negative_long_prefill"):
+            fault = f.get("health_false_negative_long_prefill")
+            duration = float(fault.params.get("duration_s", 60)) if fault else 60.0
+            if self.long_prefill_until == 0.0:
+                self.long_prefill_until = time.monotonic() + duration
+            if time.monotonic() < self.long_prefill_until:
+                return "", float(fault.params.get("chunk_s", 25)) if fault else 25.0
+        return "", self.step_s
+
+    def _step(self, new: list[Req], running: list[Req]) -> None:
+        mode, step_s = self._choose_mode(running)
+        step = next(self._steps)
+        if new:
+            tokens = sum(r.prompt_tokens for r in new)
+            if step_s > self.step_s:
+                tokens = 8192
+            self.metrics.prefill(len(new), tokens, len(running), self.parked)
+            if any(r.kind != "health" for r in new):
+                log(
+                    f"Prefill batch, #new-seq: {len(new)}, #new-token: {tokens}, #cached-token: 0, token usage: "
+                    f"{self.metrics.token_usage:.2f}, #running-req: {len(running) - len(new)}, #queue-req: 0, "
+                    f"cuda graph: False, input throughput (token/s): {tokens / max(step_s, 1e-3):.2f}",
+                    "TP0" if self.tp_size > 1 else "",
+                )
+        kind, _, fault_name = mode.partition(":")
+        batch: dict[str, object] = {"op": "step", "step": step, "step_s": step_s, "mode": kind}
+        if kind == "desync":
+            batch["ahead"] = [self.tp_size - 1]
+        if kind in ("desync", "spin"):
+            self.wedged = fault_name
+            self.health_busy_path = fault_name != "watchdog_disabled_silent_wedge"
+        if kind == "spin":
+            batch["ignore_sigterm"] = fault_name == "custom_allreduce_spin_sigterm_immune"
+        self.batch_active_since = time.monotonic()
+        for conn in self.conns:
+            try:
+                conn.send(batch)
+            except (OSError, ValueError):
+                return
+        for leader in self.leaders:
+            if not self._wait_done(leader):
+                return
+        self.batch_active_since = None
+        self.forward_ct += 1
+        self.last_receive_tstamp = time.time()
+        self._emit(running)
+
+    def _wait_done(self, leader: Connection) -> bool:
+        """Wait for a TP group's answer, polling so a stop is honoured; a wedged group never answers."""
+        while not self.stopping:
+            try:
+                if leader.poll(0.2):
+                    leader.recv()
+                    return True
+            except (EOFError, OSError):
+                return False
+            if self.health_busy_path and self.wedged:
+                self.last_receive_tstamp = time.time()
+        return False
+
+    def _emit(self, running: list[Req]) -> None:
+        now = time.monotonic()
+        finished: list[Req] = []
+        decode = 0
+        for req in running:
+            token = req.tokens[req.pos]
+            req.pos += 1
+            decode += 1
+            if req.first_token_at is None:
+                req.first_token_at = now
+                if req.kind == "user":
+                    self.metrics.ttft(now - req.created)
+            elif req.kind == "user":
+                self.metrics.itl(now - req.last_token_at)
+            req.last_token_at = now
+            done = req.pos >= len(req.tokens)
+            req.sink([token], done, req.finish_reason if done else "")
+            if done:
+                finished.append(req)
+        self.metrics.decode_step(decode)
+        for req in finished:
+            if req.kind == "user":
+                self.metrics.finished(req.prompt_tokens, len(req.tokens), now - req.created)
+        with self.cond:
+            self.running = [r for r in self.running if r not in finished]
+            running_now = len(self.running)
+        if self.forward_ct % self.decode_log_interval == 0 and running_now:
+            self.metrics.log_stats(running_now, 0, self.parked)
+            log(
+                f"Decode batch, #running-req: {running_now}, #token: {running_now * 64}, token usage: "
+                f"{self.metrics.token_usage:.2f}, cuda graph: True, gen throughput (token/s): "
+                f"{running_now / max(self.step_s, 1e-3):.2f}, #queue-req: 0",
+                "TP0" if self.tp_size > 1 else "",
+            )
+
+    def _watchdog_loop(self) -> None:
+        """SGLang's hard scheduler watchdog: a batch with no forward progress for the timeout → SIGQUIT."""
+        period = max(self.watchdog_timeout / 2, 0.5)
+        last_ct, last_change = self.forward_ct, time.monotonic()
+        while not self.stopping:
+            time.sleep(min(period, 1.0))
+            if self.forward_ct != last_ct or self.batch_active_since is None:
+                last_ct, last_change = self.forward_ct, time.monotonic()
+                continue
+            if self.wedged == "watchdog_disabled_silent_wedge":
+                continue
+            if time.monotonic() - last_change >= self.watchdog_timeout:
+                prefix = "TP0" if self.tp_size > 1 else ""
+                log(f"Scheduler debug info: scheduler.cur_batch.batch_size()={len(self.running)}", prefix)
+                log(f"Pyspy dump for PID {os.getpid()}", prefix)
+                log(
+                    f"Scheduler watchdog timeout (self.watchdog_timeout={self.watchdog_timeout}, self.soft=False)",
+                    prefix,
+                )
+                os.kill(os.getpid(), signal.SIGQUIT)
+                return
+
+
+def _drop(tokens: list[str], done: bool, reason: str) -> None:
+    """The sink of health requests: SGLang discards their output."""
+    del tokens, done, reason

@@ -1,0 +1,455 @@
+"""The main process: spawn the ranks, load, serve, and shut down or crash the way SGLang does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
+
+import aiohttp
+import psutil
+from aiohttp import web
+
+from simulator import gpus
+from simulator.cli import SimServerArgs
+from simulator.engine import Engine
+from simulator.faults import FaultBook, ScenarioError
+from simulator.logs import log, rank_prefix, scheduler_title, uvicorn
+from simulator.ranks import RankSpec, detokenizer_main, dp_controller_main, scheduler_main
+from simulator.server import ServerState, SimServer
+from simulator.sim_metrics import SimMetrics
+
+SHM_PATTERNS = ("sgl_shm_*", "psm_*", "sem.mp-*")
+
+
+def shm_dir() -> Path:
+    """The stand-in for /dev/shm."""
+    return Path(os.environ.get("SGLANG_SIM_SHM_DIR") or gpus.state_dir() / "shm")
+
+
+def shm_used_mb() -> float:
+    """Apparent size of SGLang's shared-memory files."""
+    total = 0
+    for pattern in SHM_PATTERNS:
+        for path in shm_dir().glob(pattern):
+            with contextlib.suppress(OSError):
+                total += path.stat().st_size
+    return total / 2**20
+
+
+def leak_shm(count: int = 40, size_mb: int = 2) -> None:
+    """A crash that leaves `sgl_shm_mm_*` segments behind (sparse files)."""
+    shm_dir().mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        with open(shm_dir() / f"sgl_shm_mm_{os.getpid()}_{i}", "wb") as fh:
+            fh.truncate(size_mb * 2**20)
+
+
+def kill_tree(include_parent: bool, exit_code: int = 0) -> NoReturn:
+    """SGLang's kill_process_tree: SIGKILL every descendant still in the tree, then the parent."""
+    me = psutil.Process()
+    log(f"kill_process_tree called: parent_pid={me.pid}, include_parent={include_parent}, pid={me.pid}")
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    if include_parent:
+        os.kill(me.pid, signal.SIGKILL)
+    os._exit(exit_code)
+
+
+class Launch:
+    """One launch of the simulated server."""
+
+    def __init__(self, args: SimServerArgs) -> None:
+        self.args = args
+        self.faults = FaultBook(tuple(args.argv))
+        self.ctx = mp.get_context("spawn")
+        self.children: list[tuple[str, BaseProcess]] = []
+        self.conns: list[Connection] = []
+        self.groups: list[Any] = []
+        self.leaders: list[Connection] = []
+        self.rank_pids: dict[int, int] = {}  # physical GPU -> pid
+        self.load_fraction = 0.0
+        self.ready = False
+        self.engine: Engine | None = None
+        self.state = ServerState()
+        self.metrics = SimMetrics(args.served_name, _engine_type(args), not _cuda_graph_disabled(args))
+        self.rng = random.Random(int(os.environ.get("SGLANG_SIM_SEED", "0") or 0))
+        self.marker = gpus.state_dir() / "ports" / f"{args.port}.running"
+        self.gpus = [self._gpu_of(i) for i in range(max(1, args.dp_size) * max(1, args.tp_size))]
+
+    def _gpu_of(self, rank: int) -> int:
+        return gpus.physical_gpu(self.args.base_gpu_id + rank * max(1, getattr(self.args, "gpu_id_step", 1)))
+
+    def startup_s(self) -> float:
+        """The load duration: SGLANG_SIM_STARTUP_S, or a DeepGEMM JIT session for slow_startup_deepgemm."""
+        fault = self.faults.get("slow_startup_deepgemm")
+        if fault is not None:
+            return float(fault.params.get("startup_s", 720))
+        return float(os.environ.get("SGLANG_SIM_STARTUP_S", "0.8"))
+
+    def spawn(self) -> None:
+        """Start the detokenizer and the schedulers (under a DP controller when dp > 1)."""
+        args = self.args
+        detach = self.faults.get("orphans_hold_gpu_and_ports") is not None
+        quota = float(os.environ.get("SGLANG_SIM_SHM_QUOTA_MB", "64"))
+        startup_crash = "sigbus" if shm_used_mb() > quota else ""
+        env = tuple((k, v) for k, v in os.environ.items() if k.startswith(("SGLSUP_", "SGLANG_")))
+        step_s = float(os.environ.get("SGLANG_SIM_STEP_S", "0.01"))
+        mem = float(args.mem_fraction_static or 0.88)
+        jobs: list[tuple[RankSpec, Connection, Any]] = []
+        tp, dp = max(1, args.tp_size), max(1, args.dp_size)
+        for d in range(dp):
+            group = (self.ctx.Barrier(tp), self.ctx.Barrier(tp))
+            self.groups.append(group)  # Process.start() drops its args: keep the semaphores alive
+            for t in range(tp):
+                dp_rank = d if dp > 1 else None
+                spec = RankSpec(
+                    title=scheduler_title(dp_rank, t, tp),
+                    prefix=rank_prefix(dp_rank, t, tp),
+                    tp_rank=t,
+                    tp_size=tp,
+                    dp_rank=dp_rank,
+                    gpu_local=args.base_gpu_id + (d * tp + t) * max(1, getattr(args, "gpu_id_step", 1)),
+                    startup_s=self.startup_s(),
+                    step_s=step_s,
+                    mem_fraction=mem,
+                    rpc_port=args.port + 2 + d,
+                    detach=detach,
+                    startup_crash=startup_crash,
+                    env=env,
+                )
+                parent, child = self.ctx.Pipe()
+                self.conns.append(parent)
+                if t == 0:
+                    self.leaders.append(parent)
+                jobs.append((spec, child, group))
+        det_parent, det_child = self.ctx.Pipe()
+        detok = self.ctx.Process(target=detokenizer_main, args=(det_child,), name="detokenizer")
+        detok.start()
+        self.children.append(("detokenizer", detok))
+        self.detok_conn = det_parent
+        if dp > 1:
+            controller = self.ctx.Process(
+                target=dp_controller_main, args=(jobs,), name="data_parallel_controller"
+            )
+            controller.start()
+            self.children.append(("data_parallel_controller", controller))
+        else:
+            for i, job in enumerate(jobs):
+                proc = self.ctx.Process(target=scheduler_main, args=job, name=f"scheduler_{i}")
+                proc.start()
+                self.children.append((f"scheduler_{i}", proc))
+        if self.faults.get("slow_startup_deepgemm") is not None:
+            threading.Thread(target=self._jit_progress, daemon=True).start()
+
+    def _jit_progress(self) -> None:
+        log(
+            "Entering DeepGEMM JIT Pre-Compile session. It may take a long time (typically 10-20 mins) if you have not run `sglang.compile_deep_gemm`.",
+            "TP0",
+        )
+        total = self.startup_s()
+        start = time.monotonic()
+        while not self.ready and time.monotonic() - start < total:
+            pct = int(100 * (time.monotonic() - start) / total)
+            log(f"DeepGEMM JIT Compiling for <gemm_fp8_fp8_bf16_nt> M=[1..4096] N=7168 K=2048: {pct}%", "TP0")
+            time.sleep(min(5.0, max(0.2, total / 20)))
+
+    def wait_ready(self) -> None:
+        """Poll the ranks' pipes for the ready handshake; a rank that dies first ends the launch."""
+        pending = set(range(len(self.conns)))
+        while pending:
+            for i in list(pending):
+                conn = self.conns[i]
+                try:
+                    while conn.poll(0):
+                        msg = conn.recv()
+                        if msg.get("op") == "progress" and i == 0:
+                            self.load_fraction = float(msg["fraction"])
+                        elif msg.get("op") == "ready":
+                            self.rank_pids[self._gpu_of(i)] = int(msg["pid"])
+                            pending.discard(i)
+                except (EOFError, OSError):
+                    self._init_death(i)
+            for name, proc in self.children:
+                if proc.exitcode is not None:
+                    index = int(name.split("_")[1]) if name.startswith("scheduler_") else 0
+                    self._init_death(index, proc.exitcode)
+            time.sleep(0.02)
+        self.ready = True
+        self.load_fraction = 1.0
+
+    def _init_death(self, rank: int, code: int | None = None) -> NoReturn:
+        log(
+            f"Rank {rank} scheduler died during initialization (exit code: {code}). If exit code is -9 (SIGKILL), a "
+            "common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check."
+        )
+        kill_tree(include_parent=False, exit_code=1)
+
+    def publish_gpus(self) -> None:
+        """Update nvml.json once a second with figures for what the ranks are doing."""
+        xid_sent = False
+        while True:
+            engine = self.engine
+            if not self.ready:
+                phase = "loading"
+            elif engine is not None and engine.wedged:
+                phase = "spin"
+            elif engine is not None and engine.running:
+                phase = "busy"
+            else:
+                phase = "idle"
+            xids: dict[int, list[dict[str, Any]]] = {}
+            if not xid_sent and self.faults.fired("illegal_memory_access"):
+                xids[self.gpus[0]] = [{"xid": 13, "at": time.time()}]
+                xid_sent = True
+            samples = []
+            for k, gpu in enumerate(self.gpus):
+                gpu_phase = phase
+                if engine is not None and engine.wedged.endswith("desync_hang") and k == len(self.gpus) - 1:
+                    gpu_phase = "idle"
+                pids = [self.rank_pids[gpu]] if gpu in self.rank_pids else []
+                load = gpus.GpuLoad(
+                    gpu_phase, self.load_fraction, float(self.args.mem_fraction_static or 0.88), pids
+                )
+                samples.append(gpus.sample(gpu, load, self.rng))
+            with contextlib.suppress(OSError):
+                gpus.publish(samples, xids)
+            time.sleep(1.0)
+
+    def publish_stopped(self) -> None:
+        """A clean exit frees the GPUs."""
+        load = gpus.GpuLoad("stopped", 0.0, 0.0, [])
+        with contextlib.suppress(OSError):
+            gpus.publish([gpus.sample(g, load, self.rng) for g in self.gpus])
+
+
+def _engine_type(args: SimServerArgs) -> str:
+    mode = str(args.disaggregation_mode or "null")
+    return mode if mode in ("prefill", "decode") else "unified"
+
+
+def _cuda_graph_disabled(args: SimServerArgs) -> bool:
+    return bool(args.disable_cuda_graph) or args.cuda_graph_backend_decode == "disabled"
+
+
+def run(args: SimServerArgs) -> NoReturn:
+    """Launch, load, serve until a signal or a crash ends the process."""
+    log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in args.server_info().items())})")
+    launch = Launch(args)
+    try:
+        launch.faults.arm_launch(os.environ.get("SGLANG_SIM_SCENARIO", ""))
+    except ScenarioError as exc:
+        log(f"Invalid simulator scenario: {exc}")
+        sys.exit(1)
+    launch.state.launch_dirty = launch.marker.exists()
+    launch.marker.parent.mkdir(parents=True, exist_ok=True)
+    launch.marker.write_text(str(os.getpid()))
+    signal.signal(signal.SIGQUIT, _launch_sigquit)
+    launch.spawn()
+    threading.Thread(target=launch.publish_gpus, daemon=True).start()
+    launch.wait_ready()
+    asyncio.run(serve(launch))
+    sys.exit(0)
+
+
+def _launch_sigquit(signum: int, frame: FrameType | None) -> None:
+    log("Received sigquit from a child process. It usually means the child failed.")
+    kill_tree(include_parent=False, exit_code=1)
+
+
+async def serve(launch: Launch) -> None:
+    """Run the HTTP server(s), warmup, the subprocess watchdog and the signal handlers."""
+    args = launch.args
+    loop = asyncio.get_running_loop()
+    engine = Engine(
+        launch.conns,
+        launch.leaders,
+        launch.faults,
+        launch.metrics,
+        tp_size=max(1, args.tp_size),
+        step_s=float(os.environ.get("SGLANG_SIM_STEP_S", "0.01")),
+        overlap=not args.disable_overlap_schedule,
+        speculative=bool(args.speculative_algorithm),
+        watchdog_timeout=float(args.watchdog_timeout),
+        decode_log_interval=int(args.decode_log_interval),
+    )
+    launch.engine = engine
+    engine.start()
+    crash = Crash(launch)
+    server = SimServer(args, engine, launch.metrics, launch.faults, launch.state, crash.fatal)
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, args.host, args.port, reuse_address=True).start()
+        if server.pd.mode == "prefill":
+            boot = web.AppRunner(server.pd.bootstrap_app(), access_log=None, handle_signals=False)
+            await boot.setup()
+            await web.TCPSite(boot, args.host, args.disaggregation_bootstrap_port, reuse_address=True).start()
+    except OSError as exc:
+        log(
+            f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address ('{args.host}', {args.port}): {exc.strerror}"
+        )
+        kill_tree(include_parent=False, exit_code=1)
+    uvicorn(f"Started server process [{os.getpid()}]")
+    uvicorn("Waiting for application startup.")
+    uvicorn("Application startup complete.")
+    uvicorn(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
+    loop.add_signal_handler(signal.SIGTERM, crash.sigterm)
+    loop.add_signal_handler(signal.SIGQUIT, crash.sigquit)
+    tasks = [asyncio.create_task(warmup(launch, server)), asyncio.create_task(crash.subprocess_watchdog())]
+    await asyncio.Event().wait()
+    del tasks
+
+
+async def warmup(launch: Launch, server: SimServer) -> None:
+    """SGLang's warmup thread: wait for /model_info, send one generate, then declare the server ready."""
+    args = launch.args
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    base = f"http://{host}:{args.port}"
+    if getattr(args, "skip_server_warmup", False):
+        launch.state.status = "Up"
+        log("The server is fired up and ready to roll!")
+        return
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        for _ in range(120):
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                async with session.get(f"{base}/model_info", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                    if resp.status == 200:
+                        break
+            await asyncio.sleep(1)
+        body: dict[str, Any] = {
+            "text": "The capital city of France is",
+            "sampling_params": {"temperature": 0, "max_new_tokens": 8},
+        }
+        if server.pd.mode != "null":
+            log("Start of pd disaggregation warmup ...")
+            body = {
+                "input_ids": [10, 11, 12, 13],
+                "sampling_params": {"max_new_tokens": 8, "ignore_eos": True},
+                "bootstrap_host": "2.2.2.2",
+                "bootstrap_room": 0,
+            }
+        try:
+            async with session.post(f"{base}/generate", json=body) as resp:
+                ok = resp.status == 200
+                await resp.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            log(f"Initialization failed. warmup error: {exc!r}")
+            kill_tree(include_parent=False, exit_code=1)
+    if server.pd.mode != "null":
+        log(
+            "Disaggregation warmup requests completed for all 1 DP ranks"
+            if ok
+            else "Disaggregation warmup failed (mode=decode), status codes: [500]"
+        )
+        log("End of disaggregation warmup")
+    launch.state.status = "Up"
+    log("The server is fired up and ready to roll!")
+
+
+class Crash:
+    """SIGTERM drain, SIGQUIT teardown and the subprocess watchdog of the main process."""
+
+    def __init__(self, launch: Launch) -> None:
+        self.launch = launch
+        self.tearing_down = False
+
+    def fatal(self, how: str) -> None:
+        """A main-process component failed: "sigquit" tears down like a child failure, "exit" dies at once."""
+        if how == "exit":
+            self._leak_if_armed()
+            kill_tree(include_parent=False, exit_code=1)
+        os.kill(os.getpid(), signal.SIGQUIT)
+
+    def _leak_if_armed(self) -> None:
+        if self.launch.faults.get("dev_shm_crashloop") is not None:
+            leak_shm()
+
+    def sigterm(self) -> None:
+        """Drain then exit — unless the ranks spin in a SIGTERM-immune custom all-reduce."""
+        if self.launch.faults.fired("custom_allreduce_spin_sigterm_immune"):
+            return
+        if self.launch.state.gracefully_exit:
+            return
+        log(f"SIGTERM received. signum={signal.SIGTERM} frame=None. Draining requests and shutting down...")
+        self.launch.state.gracefully_exit = True
+        asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        engine = self.launch.engine
+        while True:
+            if self.launch.state.status == "UnHealthy":
+                log("Signal SIGTERM received while health check failed. Force exiting.")
+                self._crash_dump()
+                break
+            remaining = engine.load if engine else 0
+            if remaining == 0:
+                break
+            log(
+                f"Gracefully exiting... Remaining number of requests {remaining}. Remaining requests remaining_rids=[...]."
+            )
+            await asyncio.sleep(5)
+        for conn in [*self.launch.conns, self.launch.detok_conn]:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send({"op": "shutdown"})
+        if engine:
+            engine.stop()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(p.is_alive() for _, p in self.launch.children):
+            await asyncio.sleep(0.1)
+        self.launch.marker.unlink(missing_ok=True)
+        self.launch.publish_stopped()
+        kill_tree(include_parent=True)
+
+    def sigquit(self) -> None:
+        """Running-phase SIGQUIT: crash diagnostics (blocking the event loop, as SGLang does), then kill the tree."""
+        if self.tearing_down:
+            return
+        self.tearing_down = True
+        log(f"SIGQUIT received. signum={signal.SIGQUIT}, frame=None. It usually means one child failed.")
+        self._crash_dump()
+        self._leak_if_armed()
+        kill_tree(include_parent=False, exit_code=0)
+
+    def _crash_dump(self) -> None:
+        def enabled(name: str) -> bool:
+            return os.environ.get(name, "true").strip().lower() not in ("0", "false", "no", "off")
+
+        pyspy, coredump = (
+            enabled("SGLANG_PYSPY_DUMP_BEFORE_CRASH"),
+            enabled("SGLANG_CUDA_COREDUMP_BEFORE_CRASH"),
+        )
+        if not (pyspy or coredump):
+            return
+        log("Sleeping 5 seconds before crash diagnostics to let GPU activity settle.")
+        time.sleep(5)
+        if coredump:
+            wait = float(os.environ.get("SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS", "60"))
+            log(f"Waiting {wait} seconds for CUDA coredumps before exiting.")
+            time.sleep(wait)
+
+    async def subprocess_watchdog(self) -> None:
+        """SGLang's SubprocessWatchdog: a child's non-zero exit → SIGQUIT to ourselves (blind after a C++ abort)."""
+        while True:
+            await asyncio.sleep(1)
+            if self.launch.faults.fired("zombie_after_cpp_abort"):
+                continue
+            for name, proc in self.launch.children:
+                if proc.exitcode not in (None, 0):
+                    log(
+                        f"Subprocess {name} (pid={proc.pid}) crashed with exit code {proc.exitcode}. Triggering SIGQUIT for cleanup..."
+                    )
+                    os.kill(os.getpid(), signal.SIGQUIT)
+                    return

@@ -1,0 +1,129 @@
+"""Prefill/decode disaggregation: the prefill's bootstrap server and the decode's wait for KV.
+
+The router sends each request to both servers with `bootstrap_host/port/room`. The prefill runs it and marks the
+room transferred on its bootstrap server; the decode parks the request in its transfer queue until the room is
+transferred, then decodes. A decode remembers the prefill instance it first talked to: after a prefill restart it
+keeps waiting on stale endpoints (failure H7) until it is restarted itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from simulator.cli import SimServerArgs
+from simulator.engine import Engine
+from simulator.faults import FaultBook
+from simulator.logs import log
+from simulator.sim_metrics import SimMetrics
+
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's warmup and health requests: no real KV transfer
+
+
+class PdSide:
+    """The PD role of this server (a no-op for `--disaggregation-mode null`)."""
+
+    def __init__(self, args: SimServerArgs, metrics: SimMetrics, engine: Engine, faults: FaultBook) -> None:
+        self.mode = str(args.disaggregation_mode or "null")
+        self.args = args
+        self.metrics = metrics
+        self.engine = engine
+        self.faults = faults
+        self.instance = uuid.uuid4().hex
+        self.rooms: set[str] = set()
+        self.worker_dead = False
+        self.known_prefill: dict[str, str] = {}
+        self.waiting_timeout = float(os.environ.get("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "300"))
+
+    def bootstrap_app(self) -> web.Application:
+        """The prefill's KV bootstrap server."""
+        app = web.Application()
+        app.router.add_get("/health", self._bootstrap_health)
+        app.router.add_get("/route", self._bootstrap_health)
+        app.router.add_get("/sim/kv/{room}", self._kv)
+        return app
+
+    async def _bootstrap_health(self, request: web.Request) -> web.Response:
+        return web.Response(text="OK")
+
+    async def _kv(self, request: web.Request) -> web.Response:
+        room = request.match_info["room"]
+        if room in self.rooms:
+            return web.json_response({"instance": self.instance, "room": room})
+        return web.json_response({"instance": self.instance, "room": None}, status=404)
+
+    def after_prefill(self, body: dict[str, Any]) -> None:
+        """Prefill side: the request ran; hand its KV over unless the transfer worker is broken."""
+        if self.mode != "prefill" or body.get("bootstrap_room") is None:
+            return
+        room = str(body["bootstrap_room"])
+        if self.worker_dead:
+            return
+        if self.faults.check("nixl_transfer_worker_assert"):
+            log(
+                f"Unexpected transfer worker error for room {room}: Traceback (most recent call last):\n"
+                '  File "/sgl-workspace/sglang/python/sglang/srt/disaggregation/nixl/conn.py", line 512, in transfer_worker\n'
+                "    assert room in self.transfer_infos\nAssertionError"
+            )
+            fault = self.faults.get("nixl_transfer_worker_assert")
+            self.worker_dead = bool(fault and fault.params.get("variant", "B") == "B")
+            return
+        self.rooms.add(room)
+
+    async def gate(self, body: dict[str, Any]) -> web.Response | None:
+        """Decode side: wait in the transfer queue for the request's KV; None when it may decode."""
+        if self.mode != "decode" or body.get("bootstrap_room") is None:
+            return None
+        host = str(body.get("bootstrap_host") or "127.0.0.1")
+        if host == FAKE_BOOTSTRAP_HOST:
+            return None
+        port = body.get("bootstrap_port") or self.args.disaggregation_bootstrap_port
+        room = str(body["bootstrap_room"])
+        addr = f"{host}:{port}"
+        wedged = self.faults.check("pd_decode_transfer_wedge")
+        self.engine.parked += 1
+        self.metrics.log_stats(len(self.engine.running), 0, self.engine.parked)
+        try:
+            deadline = time.monotonic() + self.waiting_timeout
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
+                while time.monotonic() < deadline:
+                    if not wedged and await self._kv_arrived(session, addr, room):
+                        return None
+                    await asyncio.sleep(0.05)
+            log(
+                "Some requests fail to receive KV Cache transfer done signal after bootstrapping. If a greater mean "
+                "TTFT is acceptable, you can 'export SGLANG_DISAGGREGATION_WAITING_TIMEOUT=600' (default: 300s)"
+            )
+            log(
+                f"Decode transfer failed for request rank=0 decode_req.req.rid='{uuid.uuid4().hex}' "
+                f"decode_req.req.bootstrap_room={room} with exception KVTransferError(bootstrap_room={room}): "
+                f"Request {room} timed out after {self.waiting_timeout:.1f}s in KVPoll.WaitingForInput"
+            )
+            self.metrics.transfer_failed()
+            message = f"KVTransferError(bootstrap_room={room}): Failed to get kvcache from prefill instance, it might be dead"
+            return web.json_response(
+                {"object": "error", "message": message, "type": "500", "param": None, "code": 500}, status=500
+            )
+        finally:
+            self.engine.parked -= 1
+
+    async def _kv_arrived(self, session: aiohttp.ClientSession, addr: str, room: str) -> bool:
+        try:
+            async with session.get(f"http://{addr}/sim/kv/{room}") as resp:
+                data = await resp.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            return False
+        instance = str(data.get("instance", "")) if isinstance(data, dict) else ""
+        known = self.known_prefill.setdefault(addr, instance)
+        if known != instance:
+            if not self.known_prefill.get(addr + "#warned"):
+                self.known_prefill[addr + "#warned"] = "1"
+                log(f"Could not fetch prefill parallel info from {addr}")
+            return False
+        return resp.status == 200

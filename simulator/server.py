@@ -1,0 +1,482 @@
+"""The simulated SGLang HTTP server (main process): endpoints, status codes, bodies and error shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from simulator import pd
+from simulator.cli import SimServerArgs
+from simulator.engine import Engine, Req
+from simulator.families import ChatRequest, detect_family, generate_chat, generate_text
+from simulator.faults import FaultBook, ScenarioError, make_fault
+from simulator.logs import log
+from simulator.openai_api import ApiError, chat_chunk, chat_completion, parse_chat_request, usage_chunk
+from simulator.parsing import StreamParser, chunk_tokens, parse_complete
+from simulator.sim_metrics import SimMetrics
+
+MAX_BODY = 32 * 1024 * 1024
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_body(status: int, message: str, err_type: str = "BadRequestError") -> dict[str, Any]:
+    """SGLang's OpenAI-style ErrorResponse."""
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+
+
+def error(status: int, message: str, err_type: str = "BadRequestError") -> web.Response:
+    """An error response in SGLang's shape."""
+    return web.json_response(error_body(status, message, err_type), status=status)
+
+
+@dataclass
+class ServerState:
+    """Mutable state of the main process shared by handlers and the lifecycle."""
+
+    status: str = "Starting"  # "Starting" | "Up" | "UnHealthy"
+    gracefully_exit: bool = False
+    health_orphans: int = 0
+    requests_by_endpoint: dict[str, int] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+    launch_dirty: bool = False  # the previous run on this port did not exit cleanly
+    hang_after: int | None = None  # restart_same_port_hang: requests served before every request hangs
+
+
+class SimServer:
+    """Request handling on top of the engine."""
+
+    def __init__(
+        self,
+        args: SimServerArgs,
+        engine: Engine,
+        metrics: SimMetrics,
+        faults: FaultBook,
+        state: ServerState,
+        on_fatal: Callable[[str], None],
+    ) -> None:
+        self.args = args
+        self.engine = engine
+        self.metrics = metrics
+        self.faults = faults
+        self.state = state
+        self.on_fatal = on_fatal
+        self.family = detect_family(args.model_path, os.environ.get("SGLANG_SIM_MODEL_FAMILY") or None)
+        self.seed = int(os.environ.get("SGLANG_SIM_SEED", "0") or 0)
+        self.health_timeout = int(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+        gen = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").strip().lower()
+        self.health_generation = gen not in ("0", "false", "no", "off")
+        self.control = os.environ.get("SGLANG_SIM_CONTROL", "") == "1"
+        self.rng = random.Random(self.seed)
+        self.served = 0
+        self.streams = 0
+        self.pd = pd.PdSide(args, metrics, engine, faults)
+
+    def app(self) -> web.Application:
+        """The aiohttp application with SGLang's routes."""
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._middleware])
+        r = app.router
+        for path in ("/health", "/health_generate"):
+            r.add_get(path, self.health)
+        r.add_get("/ping", self.ping)
+        for path in ("/model_info", "/get_model_info"):
+            r.add_get(path, self.model_info)
+        for path in ("/server_info", "/get_server_info"):
+            r.add_get(path, self.server_info)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/v1/models/{model:.+}", self.model)
+        r.add_route("*", "/flush_cache", self.flush_cache)
+        r.add_get("/v1/loads", self.loads)
+        r.add_get("/get_load", self.loads)
+        r.add_post("/generate", self.generate)
+        r.add_put("/generate", self.generate)
+        r.add_post("/v1/chat/completions", self.chat)
+        if self.args.enable_metrics:
+            r.add_get("/metrics", self.metrics_endpoint)
+        if self.control:
+            r.add_post("/sim/fault", self.sim_fault)
+            r.add_get("/sim/state", self.sim_state)
+        return app
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = (
+            request.match_info.route.resource.canonical if request.match_info.route.resource else request.path
+        )
+        self.state.requests_by_endpoint[path] = self.state.requests_by_endpoint.get(path, 0) + 1
+        self.metrics.http_begin(path, request.method)
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPRequestEntityTooLarge:
+            status = 413
+            return error(413, f"Request body too large (limit {MAX_BODY} bytes)", "RequestEntityTooLarge")
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            self.metrics.http_end(path, request.method, status)
+
+    async def health(self, request: web.Request) -> web.Response:
+        """One handler for /health and /health_generate, decided as SGLang 0.5.23 does."""
+        if self.state.gracefully_exit:
+            log("Health check request received during shutdown. Returning 503.")
+            return web.Response(status=503)
+        if self.state.status == "Starting":
+            return web.Response(status=503)
+        if not self.health_generation and request.path == "/health":
+            return web.Response(status=200)
+        tic = time.time()
+        self.engine.submit_health()
+        while time.time() < tic + self.health_timeout:
+            await asyncio.sleep(1)
+            if self.engine.last_receive_tstamp > tic:
+                self.state.status = "Up"
+                self._check_orphan(request)
+                return web.Response(status=200)
+        log(
+            f"Health check failed. Server couldn't get a response from detokenizer for last {self.health_timeout} "
+            f"seconds. tic start time: {time.strftime('%H:%M:%S', time.localtime(tic))}. last_heartbeat time: "
+            f"{time.strftime('%H:%M:%S', time.localtime(self.engine.last_receive_tstamp))}"
+        )
+        self.state.status = "UnHealthy"
+        self._check_orphan(request)
+        return web.Response(status=503)
+
+    def _check_orphan(self, request: web.Request) -> None:
+        """health_probe_pileup: a probe whose client gave up leaves an orphan; five of them crash the server."""
+        if request.transport is not None and not request.transport.is_closing():
+            return
+        self.state.health_orphans += 1
+        if self.faults.get("health_probe_pileup") and self.state.health_orphans >= 5:
+            self.faults.check("health_probe_pileup")
+            log(
+                "Scheduler hit an exception: Traceback (most recent call last):\n"
+                f"RuntimeError: q.shape[0] (1) does not match qo_indptr[-1] ({self.state.health_orphans})",
+                "TP0" if self.args.tp_size > 1 else "",
+            )
+            self.on_fatal("sigquit")
+
+    async def ping(self, request: web.Request) -> web.Response:
+        """SageMaker liveness: always 200 once the HTTP server is up."""
+        return web.Response(status=200)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        """Served from the main process only: answers even when the scheduler is wedged."""
+        if request.path == "/get_model_info":
+            log(
+                "Endpoint '/get_model_info' is deprecated and will be removed in a future version. Please use '/model_info' instead."
+            )
+        return web.json_response(
+            {
+                "model_path": self.args.model_path,
+                "tokenizer_path": self.args.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": self.family,
+                "architectures": ["DeepseekV3ForCausalLM"],
+            }
+        )
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """server_args plus scheduler state; needs a scheduler round-trip, so it hangs while the ranks are wedged."""
+        while self.engine.wedged:
+            await asyncio.sleep(1)
+        info: dict[str, Any] = dict(self.args.server_info())
+        info.update(
+            {
+                "scheduler_info": {
+                    "status": "ready",
+                    "max_total_num_tokens": 1048576,
+                    "max_req_input_len": 131066,
+                },
+                "internal_states": [{"last_gen_throughput": self.metrics.gauges["gen_throughput"]}],
+                "version": "0.5.23",
+            }
+        )
+        return web.json_response(info)
+
+    async def models(self, request: web.Request) -> web.Response:
+        """The served model as an OpenAI model list."""
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    def _model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.args.served_name,
+            "object": "model",
+            "created": int(self.state.started_at),
+            "owned_by": "sglang",
+            "root": self.args.served_name,
+            "parent": None,
+            "max_model_len": 131072,
+        }
+
+    async def model(self, request: web.Request) -> web.Response:
+        """One model card, or 404 model_not_found."""
+        name = request.match_info["model"]
+        if name != self.args.served_name:
+            body = error_body(404, f"The model '{name}' does not exist", "NotFoundError")
+            body["code"] = "model_not_found"
+            return web.json_response(body, status=404)
+        return web.json_response(self._model_card())
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """Flushes only when idle (the message says so either way)."""
+        if self.engine.wedged:
+            await asyncio.Event().wait()
+        return web.Response(
+            text="Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+            "requests, the operation will not be performed.)\n"
+        )
+
+    async def loads(self, request: web.Request) -> web.Response:
+        """The shared-memory load snapshot; its timestamp freezes with the scheduler."""
+        return web.json_response(
+            {
+                "timestamp": self.engine.last_receive_tstamp,
+                "dp_rank": 0,
+                "num_running_reqs": self.metrics.gauges["num_running_reqs"],
+                "num_waiting_reqs": self.metrics.gauges["num_queue_reqs"],
+                "token_usage": self.metrics.gauges["token_usage"],
+                "gen_throughput": self.metrics.gauges["gen_throughput"],
+            }
+        )
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        """Prometheus text; served by the main process, so it answers while the ranks are wedged."""
+        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def _json_body(self, request: web.Request) -> Any | web.Response:
+        if request.content_type != "application/json":
+            return error(400, f"Unsupported Content-Type {request.content_type!r}; use application/json")
+        try:
+            raw = await request.read()
+            return json.loads(raw)
+        except web.HTTPRequestEntityTooLarge:
+            raise
+        except (ValueError, UnicodeDecodeError) as exc:
+            return error(400, f"Invalid JSON body: {exc}")
+
+    def _admit(self) -> bool:
+        """Count a user request; False when restart_same_port_hang makes it hang."""
+        self.faults.count_request()
+        self.served += 1
+        if self.state.launch_dirty and self.faults.check("restart_same_port_hang"):
+            fault = self.faults.get("restart_same_port_hang")
+            limit = int(fault.params.get("after_requests", 100)) if fault else 100
+            return self.served <= limit
+        return True
+
+    def _submit(
+        self, tokens: list[str], prompt_tokens: int, finish: str
+    ) -> asyncio.Queue[tuple[list[str], bool, str]]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[list[str], bool, str]] = asyncio.Queue()
+
+        def sink(new: list[str], done: bool, reason: str) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (new, done, reason))
+
+        self.engine.submit(Req(f"{uuid.uuid4().hex}", tokens, prompt_tokens, finish, sink))
+        return queue
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        """Native /generate (used by SGLang's warmup and by PD routers)."""
+        body = await self._json_body(request)
+        if isinstance(body, web.Response):
+            return body
+        if not isinstance(body, dict) or not ("text" in body or "input_ids" in body):
+            return error(400, "Either text or input_ids should be provided.")
+        params = body.get("sampling_params") or {}
+        max_new = int(params.get("max_new_tokens", 128)) if isinstance(params, dict) else 128
+        prompt = (
+            body.get("text")
+            if isinstance(body.get("text"), str)
+            else " ".join(map(str, body.get("input_ids", [])))
+        )
+        gate = await self.pd.gate(body)
+        if gate is not None:
+            return gate
+        if not self._admit():
+            await asyncio.Event().wait()
+        tokens = generate_text(str(prompt), max(1, max_new), self.seed)
+        queue = self._submit(tokens, max(1, len(str(prompt)) // 4), "length")
+        out: list[str] = []
+        reason = "length"
+        if body.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            while True:
+                new, done, reason = await queue.get()
+                out += new
+                await resp.write(f"data: {json.dumps({'text': ''.join(out), 'meta_info': {}})}\n\n".encode())
+                if done:
+                    break
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        while True:
+            new, done, reason = await queue.get()
+            out += new
+            if done:
+                break
+        self.pd.after_prefill(body)
+        return web.json_response(
+            {
+                "text": "".join(out),
+                "output_ids": list(range(len(out))),
+                "meta_info": {
+                    "id": uuid.uuid4().hex,
+                    "finish_reason": {"type": reason, "length": len(out)},
+                    "prompt_tokens": max(1, len(str(prompt)) // 4),
+                    "completion_tokens": len(out),
+                    "cached_tokens": 0,
+                    "weight_version": "default",
+                },
+            }
+        )
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI chat completions, streamed or not, parsed only by the configured parsers."""
+        body = await self._json_body(request)
+        if isinstance(body, web.Response):
+            return body
+        parsed = parse_chat_request(body, self.args.served_name)
+        if isinstance(parsed, ApiError):
+            return web.json_response(parsed.body, status=parsed.status)
+        gate = await self.pd.gate(body)
+        if gate is not None:
+            return gate
+        if not self._admit():
+            await asyncio.Event().wait()
+        tokens, raw_finish = generate_chat(self.family, self.args.model_path, parsed, self.seed)
+        prompt_tokens = max(1, len(json.dumps(body.get("messages", []))) // 4)
+        queue = self._submit(tokens, prompt_tokens, raw_finish)
+        cid, created, model = f"{uuid.uuid4().hex}", int(time.time()), self.args.served_name
+        if body.get("stream"):
+            return await self._chat_stream(request, body, parsed, queue, (cid, created, model), prompt_tokens)
+        text_parts: list[str] = []
+        while True:
+            new, done, reason = await queue.get()
+            text_parts += new
+            if done:
+                break
+        self.pd.after_prefill(body)
+        msg = parse_complete(
+            "".join(text_parts),
+            tool_parser=self.args.tool_call_parser,
+            reasoning_parser=self.args.reasoning_parser,
+            tools=parsed.tools,
+            tool_choice=parsed.tool_choice,
+            raw_finish_reason=reason,
+            chat_template_kwargs=parsed.chat_template_kwargs,
+        )
+        return web.json_response(chat_completion(cid, model, created, msg, prompt_tokens, len(text_parts)))
+
+    async def _chat_stream(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        parsed: ChatRequest,
+        queue: asyncio.Queue[tuple[list[str], bool, str]],
+        ident: tuple[str, int, str],
+        prompt_tokens: int,
+    ) -> web.StreamResponse:
+        cid, created, model = ident
+        self.streams += 1
+        leak = (
+            self.faults.check("tool_markup_leak_under_load", concurrency=self.streams)
+            and self.rng.random() < 0.5
+        )
+        parser = StreamParser(
+            tool_parser=None if leak else self.args.tool_call_parser,
+            reasoning_parser=self.args.reasoning_parser,
+            tools=parsed.tools,
+            tool_choice=parsed.tool_choice,
+            chat_template_kwargs=parsed.chat_template_kwargs,
+        )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        try:
+            await resp.prepare(request)
+            await self._sse(resp, chat_chunk(cid, model, created, {"role": "assistant", "content": ""}, None))
+            n_out, pending, reason = 0, [], "stop"
+            interval = max(1, int(self.args.stream_interval))
+            async for new, done, why in _drain(queue):
+                reason = why or reason
+                pending += new
+                n_out += len(new)
+                if len(pending) >= interval or done:
+                    for text in chunk_tokens(pending, interval):
+                        for delta in parser.feed(text):
+                            await self._sse(resp, chat_chunk(cid, model, created, delta, None))
+                    pending = []
+            tail, finish = parser.finish(reason)
+            for delta in tail:
+                await self._sse(resp, chat_chunk(cid, model, created, delta, None))
+            await self._sse(resp, chat_chunk(cid, model, created, {}, finish))
+            options = body.get("stream_options") or {}
+            if isinstance(options, dict) and options.get("include_usage"):
+                await self._sse(resp, usage_chunk(cid, model, created, prompt_tokens, n_out))
+            await resp.write(b"data: [DONE]\n\n")
+            self.pd.after_prefill(body)
+        except (ConnectionResetError, asyncio.CancelledError):
+            if self.faults.count_disconnect() and self.faults.check("abort_storm_tokenizer_crash"):
+                log("TokenizerManager hit an exception: Traceback (most recent call last):\nKeyError: 'rid'")
+                self.on_fatal("exit")
+            raise
+        finally:
+            self.streams -= 1
+        return resp
+
+    async def _sse(self, resp: web.StreamResponse, data: dict[str, Any]) -> None:
+        await resp.write(f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode())
+
+    async def sim_fault(self, request: web.Request) -> web.Response:
+        """Inject a fault live (only with SGLANG_SIM_CONTROL=1)."""
+        body = await self._json_body(request)
+        if isinstance(body, web.Response):
+            return body
+        if not isinstance(body, dict):
+            return error(400, "a JSON object with a fault name is expected")
+        try:
+            fault = make_fault(body)
+        except ScenarioError as exc:
+            return error(400, str(exc))
+        armed = self.faults.arm(fault, persist=True)
+        return web.json_response({"armed": armed, "fault": fault.describe()})
+
+    async def sim_state(self, request: web.Request) -> web.Response:
+        """Armed faults, when each fired, and request counts per endpoint (only with SGLANG_SIM_CONTROL=1)."""
+        data = self.faults.state()
+        data.update(
+            {
+                "pid": os.getpid(),
+                "status": self.state.status,
+                "wedged": self.engine.wedged or None,
+                "requests_by_endpoint": dict(self.state.requests_by_endpoint),
+                "uptime_s": time.time() - self.state.started_at,
+                "family": self.family,
+            }
+        )
+        return web.json_response(data)
+
+
+async def _drain(
+    queue: asyncio.Queue[tuple[list[str], bool, str]],
+) -> AsyncIterator[tuple[list[str], bool, str]]:
+    while True:
+        item = await queue.get()
+        yield item
+        if item[1]:
+            return

@@ -1,0 +1,188 @@
+"""SGLang's Prometheus metrics (names, types, labels, update cadence), rendered as text exposition.
+
+Batch gauges change only when the scheduler logs stats (a prefill batch, every `--decode-log-interval` decode
+steps, an idle tick every 30 s), so they freeze at their last values when the ranks wedge; decode counters tick on
+every step; token totals move only when a request finishes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import defaultdict
+
+TTFT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 400.0)
+ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+E2E_BUCKETS = (0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 2400.0)
+
+
+class _Histogram:
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float, count: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += count
+        self.total += value * count
+        self.n += count
+
+    def render(self, name: str, labels: str) -> list[str]:
+        lines, acc = [], 0
+        for bound, c in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            acc += c
+            le = "+Inf" if bound == float("inf") else repr(bound)
+            lines.append(f'{name}_bucket{{{labels},le="{le}"}} {acc}')
+        lines.append(f"{name}_sum{{{labels}}} {self.total}")
+        lines.append(f"{name}_count{{{labels}}} {self.n}")
+        return lines
+
+
+class SimMetrics:
+    """Thread-safe metric state of one simulated server."""
+
+    def __init__(self, model_name: str, engine_type: str, cuda_graph: bool) -> None:
+        self._lock = threading.Lock()
+        self.model_name = model_name
+        self.engine_type = engine_type
+        self.cuda_graph = cuda_graph
+        self.gauges: dict[str, float] = {
+            "num_running_reqs": 0,
+            "num_queue_reqs": 0,
+            "gen_throughput": 0.0,
+            "token_usage": 0.0,
+            "cache_hit_rate": 0.0,
+            "num_used_tokens": 0,
+        }
+        if engine_type == "decode":
+            self.gauges.update({"num_decode_prealloc_queue_reqs": 0, "num_decode_transfer_queue_reqs": 0})
+        if engine_type == "prefill":
+            self.gauges.update({"num_prefill_bootstrap_queue_reqs": 0, "num_prefill_inflight_queue_reqs": 0})
+        self.counters: dict[tuple[str, str], float] = defaultdict(float)
+        self.ttft_h = _Histogram(TTFT_BUCKETS)
+        self.itl_h = _Histogram(ITL_BUCKETS)
+        self.e2e_h = _Histogram(E2E_BUCKETS)
+        self.http_active: dict[tuple[str, str], int] = defaultdict(int)
+        self.http_total: dict[tuple[str, str], int] = defaultdict(int)
+        self.http_responses: dict[tuple[str, str, str], int] = defaultdict(int)
+        self._decode_tokens_since_log = 0
+
+    @property
+    def token_usage(self) -> float:
+        """The last reported KV token usage."""
+        return float(self.gauges["token_usage"])
+
+    def _set_batch_gauges(self, running: int, queue: int, parked: int) -> None:
+        self.gauges["num_running_reqs"] = running
+        self.gauges["num_queue_reqs"] = queue
+        self.gauges["token_usage"] = round(min(0.95, 0.04 + running * 0.01), 2) if running or parked else 0.0
+        self.gauges["num_used_tokens"] = running * 512
+        if self.engine_type == "decode":
+            self.gauges["num_decode_transfer_queue_reqs"] = parked
+        if self.engine_type == "prefill":
+            self.gauges["num_prefill_inflight_queue_reqs"] = parked
+
+    def prefill(self, new: int, tokens: int, running: int, parked: int) -> None:
+        """A prefill batch ran: stats are logged, gauges refresh."""
+        with self._lock:
+            self.counters[("realtime_tokens_total", 'mode="prefill_compute"')] += tokens
+            mode = "prefill_cuda_graph" if self.cuda_graph else "prefill_none"
+            self.counters[("cuda_graph_passes_total", f'mode="{mode}"')] += 1
+            self._set_batch_gauges(running, 0, parked)
+            del new
+
+    def decode_step(self, tokens: int) -> None:
+        """One decode iteration produced `tokens` tokens."""
+        with self._lock:
+            self.counters[("realtime_tokens_total", 'mode="decode"')] += tokens
+            mode = "decode_cuda_graph" if self.cuda_graph else "decode_none"
+            self.counters[("cuda_graph_passes_total", f'mode="{mode}"')] += 1
+            self._decode_tokens_since_log += tokens
+
+    def log_stats(self, running: int, queue: int, parked: int) -> None:
+        """Every `--decode-log-interval` decode steps."""
+        with self._lock:
+            self._set_batch_gauges(running, queue, parked)
+            self.gauges["gen_throughput"] = round(50.0 * max(running, 1), 2)
+
+    def idle_tick(self, parked: int) -> None:
+        """The idle stats every 30 s: throughput 0, queues as they are."""
+        with self._lock:
+            self._set_batch_gauges(0, 0, parked)
+            self.gauges["gen_throughput"] = 0.0
+
+    def ttft(self, seconds: float) -> None:
+        """Time to first token of a request."""
+        with self._lock:
+            self.ttft_h.observe(seconds)
+
+    def itl(self, seconds: float, tokens: int = 1) -> None:
+        """Inter-token latency; the count is effectively 'tokens streamed'."""
+        with self._lock:
+            self.itl_h.observe(seconds, tokens)
+
+    def finished(self, prompt_tokens: int, generated: int, e2e_s: float) -> None:
+        """A request finished: the token totals move only now."""
+        with self._lock:
+            self.counters[("prompt_tokens_total", "")] += prompt_tokens
+            self.counters[("generation_tokens_total", "")] += generated
+            self.counters[("num_requests_total", "")] += 1
+            self.e2e_h.observe(e2e_s)
+
+    def transfer_failed(self) -> None:
+        """A PD KV transfer failed (decode side)."""
+        with self._lock:
+            self.counters[("num_transfer_failed_reqs_total", "")] += 1
+
+    def http_begin(self, endpoint: str, method: str) -> None:
+        """The HTTP middleware saw a request start."""
+        with self._lock:
+            self.http_active[(endpoint, method)] += 1
+            self.http_total[(endpoint, method)] += 1
+
+    def http_end(self, endpoint: str, method: str, status: int) -> None:
+        """The HTTP middleware saw a request end."""
+        with self._lock:
+            self.http_active[(endpoint, method)] -= 1
+            self.http_responses[(endpoint, str(status), method)] += 1
+
+    def render(self) -> str:
+        """The `/metrics` body."""
+        base = f'model_name="{self.model_name}",engine_type="{self.engine_type}"'
+        sched = base + ',tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+        out: list[str] = []
+        with self._lock:
+            for name, value in self.gauges.items():
+                out += [
+                    f"# HELP sglang:{name} {name}",
+                    f"# TYPE sglang:{name} gauge",
+                    f"sglang:{name}{{{sched}}} {value}",
+                ]
+            by_name: dict[str, list[tuple[str, float]]] = defaultdict(list)
+            for (name, extra), value in self.counters.items():
+                by_name[name].append((extra, value))
+            for name, series in sorted(by_name.items()):
+                labels = sched if name in ("realtime_tokens_total", "cuda_graph_passes_total") else base
+                out += [f"# HELP sglang:{name} {name}", f"# TYPE sglang:{name} counter"]
+                for extra, value in series:
+                    out.append(f"sglang:{name}{{{labels}{',' + extra if extra else ''}}} {value}")
+            for hname, hist in (
+                ("time_to_first_token_seconds", self.ttft_h),
+                ("inter_token_latency_seconds", self.itl_h),
+                ("e2e_request_latency_seconds", self.e2e_h),
+            ):
+                out += [f"# HELP sglang:{hname} {hname}", f"# TYPE sglang:{hname} histogram"]
+                out += hist.render(f"sglang:{hname}", base)
+            out += ["# HELP sglang:http_requests_active active", "# TYPE sglang:http_requests_active gauge"]
+            for (ep, method), n in sorted(self.http_active.items()):
+                out.append(f'sglang:http_requests_active{{endpoint="{ep}",method="{method}"}} {n}')
+            out += ["# HELP sglang:http_requests_total total", "# TYPE sglang:http_requests_total counter"]
+            for (ep, method), n in sorted(self.http_total.items()):
+                out.append(f'sglang:http_requests_total{{endpoint="{ep}",method="{method}"}} {n}')
+            out += ["# HELP sglang:http_responses_total total", "# TYPE sglang:http_responses_total counter"]
+            for (ep, status, method), n in sorted(self.http_responses.items()):
+                out.append(
+                    f'sglang:http_responses_total{{endpoint="{ep}",status_code="{status}",method="{method}"}} {n}'
+                )
+        return "\n".join(out) + "\n"

@@ -1,0 +1,215 @@
+"""`sglang-supervisor`: run, check-config, status, restart|pause|resume, demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import os
+import secrets
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:9400"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sglang-supervisor", description="Supervise an SGLang deployment.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run the daemon")
+    run.add_argument("--config", required=True, type=Path)
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    chk = sub.add_parser("check-config", help="validate a config file")
+    chk.add_argument("--config", required=True, type=Path)
+    st = sub.add_parser("status", help="show the daemon's status")
+    st.add_argument("--url", default=os.environ.get("SGLSUP_URL", DEFAULT_URL))
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS")
+    for name in ("restart", "pause", "resume"):
+        c = sub.add_parser(name, help=f"{name} a server (all when --server is omitted)")
+        c.add_argument("--server")
+        c.add_argument("--reason", default="")
+        c.add_argument("--url", default=os.environ.get("SGLSUP_URL", DEFAULT_URL))
+        c.add_argument("--token-file", type=Path, default=os.environ.get("SGLSUP_TOKEN_FILE"))
+    demo = sub.add_parser("demo", help="supervise a simulated 8-GPU SGLang server")
+    demo.add_argument("--scenario", help="a simulator fault scenario (e.g. overlap_tp_desync_hang)")
+    demo.add_argument("--print-config", action="store_true", help="print the config it would run and exit")
+    demo.add_argument("--port", type=int, default=9400, help="status port (a free one if busy)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = _parser().parse_args(argv)
+    if args.cmd == "run":
+        return cmd_run(args.config, args.log_level)
+    if args.cmd == "check-config":
+        return cmd_check(args.config)
+    if args.cmd == "status":
+        return cmd_status(args.url, args.json, args.watch)
+    if args.cmd in ("restart", "pause", "resume"):
+        return cmd_control(args.cmd, args.url, args.server, args.reason, args.token_file)
+    return cmd_demo(args.scenario, args.print_config, args.port)
+
+
+def cmd_check(path: Path) -> int:
+    """Exit 0 when valid; otherwise every error with its field path, exit 1, no traceback."""
+    from supervisor.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        print(f"{path}: invalid configuration", file=sys.stderr)
+        print(exc.format_errors(), file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
+        return 1
+    print(f"{path}: ok ({len(cfg.servers)} server(s): {', '.join(s.name for s in cfg.servers)})")
+    return 0
+
+
+def cmd_run(path: Path, level: str) -> int:
+    """Run the daemon until SIGTERM."""
+    from supervisor.config import ConfigError, load_config
+    from supervisor.daemon import Daemon
+    from supervisor.gpu import GpuBackendUnavailable
+    from supervisor.logsetup import configure
+
+    configure(level)
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        print(exc.format_errors(), file=sys.stderr)
+        return 1
+    try:
+        daemon = Daemon(cfg, path)
+    except GpuBackendUnavailable as exc:
+        print(f"GPU backend unavailable: {exc}", file=sys.stderr)
+        return 1
+    return asyncio.run(daemon.run())
+
+
+def _get(url: str, timeout: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read(8 * 2**20))
+
+
+def cmd_status(url: str, as_json: bool, watch: float | None) -> int:
+    """Print the status (a table for humans, or the JSON)."""
+    while True:
+        try:
+            body = _get(url.rstrip("/") + "/status")
+        except (OSError, ValueError) as exc:
+            print(f"cannot reach the supervisor at {url}: {exc}", file=sys.stderr)
+            return 2
+        text = json.dumps(body, indent=1) if as_json else render_status(body)
+        if watch:
+            print("\033[2J\033[H" + text, flush=True)
+            time.sleep(watch)
+            continue
+        print(text)
+        return 0
+
+
+def _ago(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    s = max(0, int(time.time() - ts))
+    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
+
+
+def render_status(body: dict[str, Any]) -> str:
+    """One screen: per server state, since, PID, GPUs, rung and flags, last incident, startup progress."""
+    lines = [f"daemon: {body.get('status_line', body.get('state'))}", ""]
+    head = (
+        f"{'SERVER':<12} {'ROLE':<8} {'STATE':<11} {'SINCE':>6} {'PID':>8} {'GPUS':<16} {'RUNG':>4}  RESTARTS"
+    )
+    lines.append(head)
+    for s in body.get("servers", []):
+        gpus = ",".join(str(g) for g in s.get("gpus", [])) or "-"
+        fb = s.get("fallback") or {}
+        lines.append(
+            f"{s['name']:<12} {s['role']:<8} {s['state']:<11} {_ago(s.get('since')):>6} {s.get('pid') or '-':>8} "
+            f"{gpus:<16} {fb.get('rung', 0):>4}  {s.get('restarts', 0)}"
+        )
+        if s.get("reason"):
+            lines.append(f"  why: {s['reason']}")
+        if fb.get("flags"):
+            lines.append(f"  fallback flags: {' '.join(fb['flags'])}")
+        start = s.get("startup")
+        if start:
+            lines.append(f"  startup: {start.get('progress') or 'waiting for the port'}")
+        last = s.get("last_incident")
+        if last:
+            lines.append(
+                f"  last incident: {last['id']} {last['fault']} → {last['action']} ({_ago(last['detected_at'])} ago)"
+            )
+    return "\n".join(lines)
+
+
+def cmd_control(action: str, url: str, server: str | None, reason: str, token_file: Path | None) -> int:
+    """POST /control/<action> with the bearer token."""
+    if token_file is None:
+        print("a token is needed: --token-file FILE (or SGLSUP_TOKEN_FILE)", file=sys.stderr)
+        return 2
+    try:
+        token = Path(token_file).read_text().strip()
+    except OSError as exc:
+        print(f"cannot read {token_file}: {exc.strerror}", file=sys.stderr)
+        return 2
+    body = json.dumps({"server": server, "reason": reason, "actor": getpass.getuser()}).encode()
+    req = urllib.request.Request(
+        url.rstrip("/") + f"/control/{action}",
+        data=body,
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            print(resp.read(65536).decode())
+            return 0
+    except urllib.error.HTTPError as exc:
+        print(f"{exc.code}: {exc.read(65536).decode(errors='replace')}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"cannot reach the supervisor at {url}: {exc}", file=sys.stderr)
+        return 2
+
+
+def cmd_demo(scenario: str | None, print_config: bool, port: int) -> int:
+    """Write a simulator config in a temp dir and run the daemon on it; Ctrl-C stops everything."""
+    from supervisor.config import load_config
+    from supervisor.daemon import Daemon
+    from supervisor.demo import demo_config, free_port
+    from supervisor.logsetup import configure
+
+    with tempfile.TemporaryDirectory(prefix="sglsup-demo-") as tmp:
+        root = Path(tmp)
+        text = demo_config(root, scenario, free_port(port), free_port(30000))
+        if print_config:
+            print(text)
+            return 0
+        (root / "control.token").write_text(secrets.token_urlsafe(24) + "\n")
+        (root / "control.token").chmod(0o600)
+        path = root / "demo.toml"
+        path.write_text(text)
+        configure("info")
+        daemon = Daemon(load_config(path), path)
+        print(
+            f"sglang-supervisor demo: status at {daemon.status.url}/status  (Ctrl-C stops everything)",
+            flush=True,
+        )
+        print(f"  sglang-supervisor status --url {daemon.status.url}", flush=True)
+        print(f"  control token: {root / 'control.token'}", flush=True)
+        return asyncio.run(daemon.run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

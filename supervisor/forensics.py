@@ -1,0 +1,153 @@
+"""Forensics first: before a fault kill, collect the evidence within a time budget, in parallel.
+
+`state_dir/forensics/<incident>/`: one `stack-<title>.txt` per rank (py-spy), `log-tail.txt`, `probes.json`
+(last probe values incl. the metrics scrape), `gpus.json`, `argv-env.json` (secrets redacted), `summary.json`.
+Retention is capped by count and bytes (oldest bundles go first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from supervisor.config import SupervisorConfig
+from supervisor.incident import Incident
+
+if TYPE_CHECKING:
+    from supervisor.runtime import ServerRuntime
+
+log = structlog.get_logger()
+SECRET_KEY = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE|AUTH", re.IGNORECASE)
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
+BUDGET_S = 10.0
+KEEP_BUNDLES = 50
+KEEP_BYTES = 512 * 2**20
+LOG_LINES = 500
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """Values of secret-looking variables replaced by `***`."""
+    return {k: ("***" if SECRET_KEY.search(k) else v) for k, v in env.items()}
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """Values of secret flags (`--api-key X`, `--api-key=X`) replaced by `***`."""
+    out: list[str] = []
+    hide = False
+    for arg in argv:
+        if hide:
+            out.append("***")
+            hide = False
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in SECRET_FLAGS:
+            if "=" in arg:
+                out.append(f"{flag}=***")
+            else:
+                out.append(arg)
+                hide = True
+            continue
+        out.append(arg)
+    return out
+
+
+def py_spy() -> str:
+    """py-spy next to our interpreter (the venv), else on PATH."""
+    local = Path(sys.executable).with_name("py-spy")
+    return str(local) if local.exists() else (shutil.which("py-spy") or "py-spy")
+
+
+async def dump_stack(pid: int, timeout_s: float) -> str:
+    """`py-spy dump --pid P`, bounded in time and size; the error text when it fails."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            py_spy(),
+            "dump",
+            "--pid",
+            str(pid),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+    except OSError as exc:
+        return f"py-spy could not run: {exc}"
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return f"py-spy dump of pid {pid} timed out after {timeout_s:.0f}s"
+    return out[: 1 << 20].decode(errors="replace")
+
+
+def _safe(title: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", title)[:80] or "rank"
+
+
+async def capture(
+    sup: SupervisorConfig, rt: ServerRuntime, incident: Incident, budget_s: float = BUDGET_S
+) -> str:
+    """Write the bundle for an incident; returns its path ('' when nothing could be written)."""
+    root = Path(sup.state_dir) / "forensics"
+    bundle = root / incident.id
+    start = time.monotonic()
+    try:
+        bundle.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.error("forensics.failed", incident=incident.id, error=str(exc))
+        return ""
+    ranks = rt.watcher._rank_pids()
+    stacks = await asyncio.gather(*(dump_stack(pid, budget_s) for pid in ranks))
+    files: list[str] = []
+    for (pid, title), text in zip(ranks.items(), stacks, strict=True):
+        name = f"stack-{_safe(title)}.txt"
+        (bundle / name).write_text(f"# pid {pid} {title}\n{text}")
+        files.append(name)
+    launched = rt.launched
+    (bundle / "log-tail.txt").write_text("\n".join(launched.tail(LOG_LINES) if launched else []) + "\n")
+    (bundle / "probes.json").write_text(json.dumps(rt.watcher.snapshot(), indent=1, default=str))
+    gpus: Any
+    try:
+        gpus = await asyncio.to_thread(rt.watcher._gpu_dicts)
+    except Exception as exc:  # a GPU backend failure is evidence too, never a reason to skip the kill
+        gpus = {"error": str(exc)}
+    (bundle / "gpus.json").write_text(json.dumps(gpus, indent=1, default=str))
+    (bundle / "argv-env.json").write_text(
+        json.dumps({"argv": redact_argv(list(rt.argv)), "env": redact_env(dict(rt.cfg.env))}, indent=1)
+    )
+    files += ["log-tail.txt", "probes.json", "gpus.json", "argv-env.json"]
+    summary = {
+        "incident": incident.id,
+        "server": incident.server,
+        "fault": incident.fault,
+        "detected_at": incident.detected_at,
+        "evidence": incident.evidence,
+        "files": files,
+        "ranks": {str(pid): title for pid, title in ranks.items()},
+        "duration_s": round(time.monotonic() - start, 3),
+    }
+    (bundle / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    prune(root)
+    log.info("recovery.forensics", incident=incident.id, path=str(bundle), duration_s=summary["duration_s"])
+    return str(bundle)
+
+
+def prune(root: Path, keep: int = KEEP_BUNDLES, max_bytes: int = KEEP_BYTES) -> list[Path]:
+    """Drop the oldest bundles beyond `keep` or beyond `max_bytes` in all; returns what was removed."""
+    bundles = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    sizes = {p: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) for p in bundles}
+    removed: list[Path] = []
+    total = sum(sizes.values())
+    while bundles and (len(bundles) > keep or total > max_bytes):
+        victim = bundles.pop(0)
+        total -= sizes[victim]
+        shutil.rmtree(victim, ignore_errors=True)
+        removed.append(victim)
+    return removed

@@ -1,0 +1,381 @@
+"""GPU release: who holds our device nodes, what the GPU backend says, and polling until they are free.
+
+Holders come from a scan of ``/proc/*/fd`` links (optionally ``/proc/*/maps``), cross-checked with the
+real ``fuser`` when it is installed (read-only: ``fuser -a``; never ``-k``). Backends: ``nvml`` (the real
+card, nvidia-ml-py imported lazily), ``sim`` (the simulator's ``nvml.json``), ``none``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+
+from supervisor import proctree
+
+_PROC = Path("/proc")
+_MAPS_LIMIT = 16 * 1024 * 1024
+_NVML_JSON_LIMIT = 1024 * 1024
+_FUSER_TIMEOUT_S = 5.0
+_XID_KEEP = 16
+
+
+class GpuBackendUnavailable(Exception):
+    """The chosen GPU backend cannot run here (library or driver absent, state file missing)."""
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One Xid error reported by the driver; ``at`` is unix seconds."""
+
+    xid: int
+    at: float
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU at one moment, as the backend reports it."""
+
+    index: int
+    utilization_pct: float
+    power_w: float
+    memory_used_mib: float
+    memory_total_mib: float
+    pids: tuple[int, ...]
+    xid_events: tuple[XidEvent, ...] = ()
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process holding a device path open; ``whose`` says which run or which user it belongs to."""
+
+    pid: int
+    path: Path
+    name: str
+    whose: str
+    source: str  # "proc" | "fuser" | "proc+fuser"
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of ``verify_free``: ok, or the reason naming the GPU, the holder and whose it is."""
+
+    ok: bool
+    reason: str
+    elapsed_s: float
+    holders: tuple[Holder, ...] = ()
+    samples: tuple[GpuSample, ...] = field(default=())
+
+
+class GpuBackend(Protocol):
+    """Reads utilisation, power, memory, compute PIDs and Xid events of the given GPUs."""
+
+    name: str
+
+    def snapshot(self, gpus: Sequence[int]) -> list[GpuSample]: ...
+
+
+def device_paths(gpus: Sequence[int]) -> list[Path]:
+    """The per-GPU device nodes ``/dev/nvidia{N}`` (never the shared nvidiactl / nvidia-uvm)."""
+    return [Path(f"/dev/nvidia{n}") for n in gpus]
+
+
+def open_holders(paths: Sequence[Path], include_maps: bool = False) -> dict[Path, set[int]]:
+    """PIDs with an fd (or, with ``include_maps``, a mapping) on each path, from a ``/proc`` scan."""
+    wanted = {os.path.realpath(p): Path(p) for p in paths}
+    found: dict[Path, set[int]] = {Path(p): set() for p in paths}
+    for pid in proctree.all_pids():
+        for target in _fd_targets(pid) | (_mapped_paths(pid) if include_maps else set()):
+            if target in wanted:
+                found[wanted[target]].add(pid)
+    return found
+
+
+def fuser_holders(paths: Sequence[Path]) -> dict[Path, set[int]] | None:
+    """PIDs ``fuser -a`` reports on each path, or None when fuser is not installed."""
+    fuser = shutil.which("fuser")
+    if fuser is None:
+        return None
+    found: dict[Path, set[int]] = {}
+    for path in paths:
+        try:
+            done = subprocess.run(
+                [fuser, "-a", str(path)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                timeout=_FUSER_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        found[Path(path)] = parse_fuser_output(done.stdout.decode("ascii", "replace"))
+    return found
+
+
+def parse_fuser_output(text: str) -> set[int]:
+    """PIDs from fuser's stdout (``  123  456m``); access letters and names go to stderr."""
+    pids = set()
+    for token in text.split():
+        digits = token.rstrip("cefFrm")
+        if digits.isdigit():
+            pids.add(int(digits))
+    return pids
+
+
+def device_holders(
+    paths: Sequence[Path], use_fuser: bool = True, allowlist: Sequence[str] = proctree.DEFAULT_ALLOWLIST
+) -> list[Holder]:
+    """Live processes holding ``paths`` (``/proc`` scan, plus ``fuser`` if present), allowlist excepted."""
+    scanned = open_holders(paths)
+    fused = fuser_holders(paths) if use_fuser else None
+    holders = []
+    for path, proc_pids in scanned.items():
+        fuser_pids = fused.get(path, set()) if fused is not None else set()
+        for pid in sorted(proc_pids | fuser_pids):
+            if not proctree.is_alive(pid) or proctree.is_protected(pid, allowlist):
+                continue
+            both = pid in proc_pids and pid in fuser_pids
+            source = "proc+fuser" if both else ("proc" if pid in proc_pids else "fuser")
+            holders.append(Holder(pid, path, _name(pid), describe_owner(pid), source))
+    return holders
+
+
+def describe_owner(pid: int) -> str:
+    """``run <id> of server <name>`` for a marked process, else ``foreign (user <u>)``."""
+    markers = proctree.read_markers(pid)
+    if proctree.RUN_MARKER in markers:
+        server = markers.get(proctree.SERVER_MARKER, "?")
+        return f"run {markers[proctree.RUN_MARKER]} of server {server}"
+    try:
+        user = psutil.Process(pid).username()
+    except (psutil.Error, KeyError):
+        user = "?"
+    return f"foreign (user {user})"
+
+
+class NoneBackend:
+    """No GPU telemetry: only device-node holders are checked."""
+
+    name = "none"
+
+    def snapshot(self, gpus: Sequence[int]) -> list[GpuSample]:
+        return []
+
+
+class SimBackend:
+    """Reads the simulator's ``nvml.json`` (schema in docs/contracts.md).
+
+    Like the real driver, memory of a process that has died is free: PIDs no longer alive are dropped, and a
+    GPU whose listed PIDs are all dead reports no memory in use.
+    """
+
+    name = "sim"
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = Path(state_dir) / "nvml.json"
+
+    def snapshot(self, gpus: Sequence[int]) -> list[GpuSample]:
+        try:
+            with open(self.path, "rb") as fh:
+                data = json.loads(fh.read(_NVML_JSON_LIMIT))
+            entries = {int(g["index"]): g for g in data["gpus"]}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise GpuBackendUnavailable(f"gpu backend 'sim': cannot read {self.path}: {exc}") from exc
+        samples = []
+        for index in gpus:
+            entry = entries.get(index)
+            if entry is None:
+                raise GpuBackendUnavailable(f"gpu backend 'sim': GPU {index} not in {self.path}")
+            samples.append(_sim_sample(index, entry))
+        return samples
+
+
+class NvmlBackend:
+    """The real card through NVML; Xid critical errors are collected from an event set when supported."""
+
+    name = "nvml"
+
+    def __init__(self) -> None:
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise GpuBackendUnavailable(
+                "gpu backend 'nvml' needs the nvidia-ml-py package (import pynvml failed)"
+            ) from exc
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise GpuBackendUnavailable(
+                f"gpu backend 'nvml': NVML did not initialise ({exc}); is the NVIDIA driver loaded?"
+            ) from exc
+        self._nvml: Any = pynvml
+        self._xids: dict[int, list[XidEvent]] = {}
+        self._events: Any = self._register_xid_events()
+
+    def snapshot(self, gpus: Sequence[int]) -> list[GpuSample]:
+        nv = self._nvml
+        self._drain_xid_events()
+        samples = []
+        for index in gpus:
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                memory = nv.nvmlDeviceGetMemoryInfo(handle)
+                procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+                samples.append(
+                    GpuSample(
+                        index=index,
+                        utilization_pct=float(nv.nvmlDeviceGetUtilizationRates(handle).gpu),
+                        power_w=nv.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+                        memory_used_mib=memory.used / 2**20,
+                        memory_total_mib=memory.total / 2**20,
+                        pids=tuple(sorted(int(p.pid) for p in procs)),
+                        xid_events=tuple(self._xids.get(index, ())),
+                    )
+                )
+            except nv.NVMLError as exc:
+                raise GpuBackendUnavailable(f"gpu backend 'nvml': GPU {index}: {exc}") from exc
+        return samples
+
+    def _register_xid_events(self) -> Any:
+        nv = self._nvml
+        try:
+            event_set = nv.nvmlEventSetCreate()
+            for index in range(nv.nvmlDeviceGetCount()):
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
+        except nv.NVMLError:
+            return None
+        return event_set
+
+    def _drain_xid_events(self) -> None:
+        nv = self._nvml
+        while self._events is not None:
+            try:
+                data = nv.nvmlEventSetWait_v2(self._events, 0)
+                index = int(nv.nvmlDeviceGetIndex(data.device))
+            except nv.NVMLError:
+                return
+            events = self._xids.setdefault(index, [])
+            events.append(XidEvent(int(data.eventData), time.time()))
+            del events[:-_XID_KEEP]
+
+
+def open_backend(kind: str, sim_state_dir: Path | None = None) -> GpuBackend:
+    """The backend named ``nvml`` / ``sim`` / ``none``; raises ``GpuBackendUnavailable`` with why not."""
+    if kind == "none":
+        return NoneBackend()
+    if kind == "sim":
+        if sim_state_dir is None:
+            raise GpuBackendUnavailable("gpu backend 'sim' needs the simulator state dir")
+        return SimBackend(sim_state_dir)
+    if kind == "nvml":
+        return NvmlBackend()
+    raise GpuBackendUnavailable(f"unknown gpu backend {kind!r}; allowed: nvml, sim, none")
+
+
+def verify_free(
+    gpus: Sequence[int],
+    paths: Sequence[Path],
+    backend: GpuBackend,
+    mem_threshold_mib: float,
+    deadline_s: float,
+    poll_s: float = 0.05,
+    use_fuser: bool = True,
+    allowlist: Sequence[str] = proctree.DEFAULT_ALLOWLIST,
+) -> VerifyResult:
+    """Poll until no process holds ``paths`` and each GPU has no compute PIDs and memory under threshold."""
+    start = time.monotonic()
+    while True:
+        holders = device_holders(paths, use_fuser, allowlist)
+        samples: list[GpuSample] = []
+        problems = [f"{h.path} held by pid {h.pid} ({h.name}, {h.whose})" for h in holders]
+        try:
+            samples = backend.snapshot(gpus)
+        except GpuBackendUnavailable as exc:
+            problems.append(str(exc))
+        problems += _busy_gpus(samples, mem_threshold_mib)
+        elapsed = time.monotonic() - start
+        if not problems:
+            return VerifyResult(True, "free", elapsed, (), tuple(samples))
+        if elapsed >= deadline_s:
+            reason = f"not free after {elapsed:.1f}s: " + "; ".join(problems)
+            return VerifyResult(False, reason, elapsed, tuple(holders), tuple(samples))
+        time.sleep(min(poll_s, max(0.0, deadline_s - elapsed)))
+
+
+def _busy_gpus(samples: Sequence[GpuSample], mem_threshold_mib: float) -> list[str]:
+    problems = []
+    for s in samples:
+        if s.pids:
+            owners = ", ".join(f"pid {p} ({_name(p)}, {describe_owner(p)})" for p in s.pids)
+            problems.append(f"GPU {s.index} has compute processes: {owners}")
+        if s.memory_used_mib >= mem_threshold_mib:
+            problems.append(
+                f"GPU {s.index} memory used {s.memory_used_mib:.0f} MiB ≥ threshold {mem_threshold_mib:.0f} MiB"
+            )
+    return problems
+
+
+def _sim_sample(index: int, entry: dict[str, Any]) -> GpuSample:
+    listed = [int(p) for p in entry.get("pids", [])]
+    live = tuple(p for p in listed if proctree.is_alive(p))
+    memory_used = float(entry.get("memory_used_mib", 0.0))
+    if listed and not live:
+        memory_used = 0.0
+    xids = tuple(XidEvent(int(x["xid"]), float(x["at"])) for x in entry.get("xid_events", []))
+    return GpuSample(
+        index=index,
+        utilization_pct=float(entry.get("utilization_gpu", 0.0)) if live else 0.0,
+        power_w=float(entry.get("power_w", 0.0)),
+        memory_used_mib=memory_used,
+        memory_total_mib=float(entry.get("memory_total_mib", 0.0)),
+        pids=live,
+        xid_events=xids,
+    )
+
+
+def _name(pid: int) -> str:
+    title = proctree.process_title(pid)
+    if title.startswith("sglang::"):
+        return title
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return "?"
+
+
+def _fd_targets(pid: int) -> set[str]:
+    fd_dir = _PROC / str(pid) / "fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return set()
+    targets = set()
+    for name in names:
+        try:
+            targets.add(os.readlink(fd_dir / name))
+        except OSError:
+            continue
+    return targets
+
+
+def _mapped_paths(pid: int) -> set[str]:
+    try:
+        with open(_PROC / str(pid) / "maps", "rb") as fh:
+            raw = fh.read(_MAPS_LIMIT)
+    except OSError:
+        return set()
+    paths = set()
+    for line in raw.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith(b"/"):
+            paths.add(parts[5].decode("utf-8", "replace"))
+    return paths

@@ -1,0 +1,241 @@
+"""Launch one server in its own session, with its output in a rotating log file and a bounded ring.
+
+The child gets ``CUDA_VISIBLE_DEVICES`` for its GPUs and the run marker (``SGLSUP_RUN_ID``,
+``SGLSUP_SERVER``) that ``proctree`` and ``reaper`` use to find everything of this run later.
+stdout and stderr are merged into one pipe; a reader thread splits it into lines (each at most 16 KiB),
+appends them to the log file (size-based rotation, N kept) and to a ``deque(maxlen=ring_lines)``, so a
+log flood costs disk up to ``rotate_bytes * (rotate_keep + 1)`` and a fixed amount of memory.
+
+``SPT_NOENV=1`` is set too: without it ``setproctitle`` (which SGLang uses to title its ranks) reuses the
+environment block for the title, and ``/proc/<pid>/environ`` of every rank loses the run marker.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from supervisor.proctree import RUN_MARKER, SERVER_MARKER
+
+MiB = 1024 * 1024
+LINE_LIMIT = 16 * 1024
+TRUNCATED = " …[truncated]"
+_READ_CHUNK = 64 * 1024
+_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class SpawnFailed:
+    """The process could not be started (missing executable, unwritable log, empty argv)."""
+
+    reason: str
+    ok: bool = False
+
+
+class _RotatingLog:
+    """Append-only file that rotates to ``.1`` … ``.keep`` once it would exceed ``max_bytes``."""
+
+    def __init__(self, path: Path, max_bytes: int, keep: int) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self.error: str | None = None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: IO[bytes] | None = open(path, "ab")  # noqa: SIM115 - lives as long as the process
+        self._size = path.stat().st_size
+
+    def write(self, data: bytes) -> None:
+        if self._fh is None:
+            return
+        try:
+            if self._size and self._size + len(data) > self.max_bytes:
+                self._rotate()
+            self._fh.write(data)
+            self._size += len(data)
+        except OSError as exc:
+            self._fail(exc)
+
+    def flush(self) -> None:
+        if self._fh is None:
+            return
+        try:
+            self._fh.flush()
+        except OSError as exc:
+            self._fail(exc)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self.flush()
+            if self._fh is not None:
+                self._fh.close()
+            self._fh = None
+
+    def _rotate(self) -> None:
+        assert self._fh is not None
+        self._fh.close()
+        for i in range(self.keep - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{i}")
+            if older.exists():
+                os.replace(older, self.path.with_name(f"{self.path.name}.{i + 1}"))
+        if self.keep > 0:
+            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        self._fh = open(self.path, "wb")  # noqa: SIM115 - replaces the handle closed above
+        self._size = 0
+
+    def _fail(self, exc: OSError) -> None:
+        self.error = f"log {self.path} disabled: {exc}"
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            try:
+                fh.close()
+            except OSError:
+                return
+
+
+class Launched:
+    """A running server process: PID, process group, captured output, exit status."""
+
+    ok = True
+    reason = "started"
+
+    def __init__(self, proc: subprocess.Popen[bytes], log: _RotatingLog, ring_lines: int) -> None:
+        self.pid = proc.pid
+        try:
+            self.pgid = os.getpgid(proc.pid)
+        except OSError:
+            self.pgid = proc.pid
+        self.started_at = time.monotonic()
+        self.log_path = log.path
+        self._proc = proc
+        self._log = log
+        self._ring: deque[str] = deque(maxlen=ring_lines)
+        self._count = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._pending = bytearray()
+        self._discarding = False
+        self._thread = threading.Thread(target=self._pump, name=f"log-{proc.pid}", daemon=True)
+        self._thread.start()
+
+    def tail(self, n: int) -> list[str]:
+        """The last ``n`` captured lines (fewer if the ring holds fewer)."""
+        with self._lock:
+            return list(self._ring)[-n:] if n > 0 else []
+
+    def lines_since(self, cursor: int) -> tuple[list[str], int]:
+        """Lines captured after ``cursor`` (start with 0) still in the ring, and the next cursor."""
+        with self._lock:
+            first = self._count - len(self._ring)
+            start = max(cursor, first) - first
+            return list(self._ring)[start:], self._count
+
+    @property
+    def log_error(self) -> str | None:
+        """Why the log file stopped being written (disk full, …), if it did; the ring keeps going."""
+        return self._log.error
+
+    def returncode(self) -> int | None:
+        """Exit status (negative = killed by that signal), or None while it runs. Reaps the process."""
+        return self._proc.poll()
+
+    def close(self, timeout_s: float = 2.0) -> bool:
+        """Stop reading output and close the log; True if the reader thread ended within the timeout."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def _pump(self) -> None:
+        stream = self._proc.stdout
+        assert stream is not None
+        fd = stream.fileno()
+        try:
+            while True:
+                ready, _, _ = select.select([fd], [], [], _POLL_S)
+                if not ready:
+                    if self._stop.is_set():
+                        break
+                    continue
+                chunk = os.read(fd, _READ_CHUNK)
+                if not chunk:
+                    break
+                self._feed(chunk)
+                self._log.flush()
+            if self._pending and not self._discarding:
+                self._emit(bytes(self._pending))
+        finally:
+            self._log.close()
+            stream.close()
+
+    def _feed(self, chunk: bytes) -> None:
+        self._pending += chunk
+        *lines, rest = self._pending.split(b"\n")
+        for line in lines:
+            if self._discarding:
+                self._discarding = False
+            else:
+                self._emit(line)
+        self._pending = bytearray(rest)
+        if len(self._pending) > LINE_LIMIT:
+            if not self._discarding:
+                self._emit(bytes(self._pending))
+            self._discarding = True
+            self._pending.clear()
+
+    def _emit(self, raw: bytes | bytearray) -> None:
+        text = bytes(raw[:LINE_LIMIT]).decode("utf-8", "replace").rstrip("\r")
+        if len(raw) > LINE_LIMIT:
+            text += TRUNCATED
+        self._log.write(text.encode("utf-8") + b"\n")
+        with self._lock:
+            self._ring.append(text)
+            self._count += 1
+
+
+def spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    gpus: Sequence[int],
+    run_id: str,
+    server: str,
+    log_path: Path,
+    ring_lines: int = 2000,
+    rotate_bytes: int = 50 * MiB,
+    rotate_keep: int = 3,
+) -> Launched | SpawnFailed:
+    """Start ``argv`` in a new session with the run marker; never raises for a bad argv or log path."""
+    if not argv:
+        return SpawnFailed("empty argv")
+    full_env = {
+        **os.environ,
+        "SPT_NOENV": "1",
+        **env,
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+        RUN_MARKER: run_id,
+        SERVER_MARKER: server,
+    }
+    try:
+        log = _RotatingLog(Path(log_path), rotate_bytes, rotate_keep)
+    except OSError as exc:
+        return SpawnFailed(f"cannot open log {log_path}: {exc}")
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        log.close()
+        return SpawnFailed(f"cannot start {argv[0]!r}: {exc}")
+    return Launched(proc, log, ring_lines)

@@ -1,0 +1,209 @@
+"""The supervisor's own Prometheus metrics (names and labels as in docs/contracts.md).
+
+One `SupervisorMetrics` owns a private `CollectorRegistry`; the daemon calls its methods as things happen
+and the status server answers `GET /metrics` with `render()` and `CONTENT_TYPE`. Label values are checked
+against the shared vocabulary so a typo cannot create an unbounded or misspelt series.
+"""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+
+from policies.states import FaultKind, ServerState
+
+STATES = tuple(state.value for state in ServerState)
+FAULT_KINDS = tuple(kind.value for kind in FaultKind)
+PROBE_RESULTS = ("ok", "fail", "timeout", "error")
+CANARY_VERDICTS = ("pass", "fail", "inconclusive")
+DELIVERY_OUTCOMES = ("ok", "failed", "dropped")
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+
+_PREFIX = "sglang_supervisor_"
+_DETECTION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+_SERVING_BUCKETS = (1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 900, 1800, 3600)
+_PROBE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+_RELEASE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
+
+
+def _check(kind: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"unknown {kind} {value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
+def _version() -> str:
+    try:
+        return metadata.version("sglang-supervisor")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class SupervisorMetrics:
+    """Every `sglang_supervisor_*` metric, in a registry of its own."""
+
+    def __init__(self, version: str | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self._state = Gauge(
+            _PREFIX + "server_state",
+            "Lifecycle state of each supervised server (1 for the current state, 0 for the others).",
+            ["server", "state"],
+            registry=reg,
+        )
+        self._restarts = Counter(
+            _PREFIX + "restarts",
+            "Server restarts initiated by the supervisor, by the fault that caused them.",
+            ["server", "fault"],
+            registry=reg,
+        )
+        self._incidents = Counter(
+            _PREFIX + "incidents",
+            "Incidents opened, by server and fault kind.",
+            ["server", "fault"],
+            registry=reg,
+        )
+        self._detection = Histogram(
+            _PREFIX + "detection_latency_seconds",
+            "Time from the first failing observation to the fault being declared.",
+            ["fault"],
+            buckets=_DETECTION_BUCKETS,
+            registry=reg,
+        )
+        self._to_serving = Histogram(
+            _PREFIX + "time_to_serving_seconds",
+            "Time from fault detection until the server serves again (health 200 and canary pass).",
+            ["server"],
+            buckets=_SERVING_BUCKETS,
+            registry=reg,
+        )
+        self._probe_duration = Histogram(
+            _PREFIX + "probe_duration_seconds",
+            "Duration of each probe run.",
+            ["server", "probe"],
+            buckets=_PROBE_BUCKETS,
+            registry=reg,
+        )
+        self._probe_results = Counter(
+            _PREFIX + "probe_results",
+            "Probe runs by result (ok, fail, timeout, error).",
+            ["server", "probe", "result"],
+            registry=reg,
+        )
+        self._canary = Counter(
+            _PREFIX + "canary_results",
+            "Canary requests by verdict (pass, fail, inconclusive).",
+            ["server", "canary", "verdict"],
+            registry=reg,
+        )
+        self._rung = Gauge(
+            _PREFIX + "fallback_rung",
+            "Current fallback-ladder rung of each server (0 = the configured flags).",
+            ["server"],
+            registry=reg,
+        )
+        self._gpu_release = Histogram(
+            _PREFIX + "gpu_release_duration_seconds",
+            "Time from stopping a server until its GPUs were verified free.",
+            ["server"],
+            buckets=_RELEASE_BUCKETS,
+            registry=reg,
+        )
+        self._deliveries = Counter(
+            _PREFIX + "alert_deliveries",
+            "Alert deliveries by sink and outcome (ok, failed, dropped).",
+            ["sink", "outcome"],
+            registry=reg,
+        )
+        self._last_tick = Gauge(
+            _PREFIX + "loop_last_tick_timestamp_seconds",
+            "Unix time of the supervisor loop's last completed tick.",
+            registry=reg,
+        )
+        build = Gauge(
+            _PREFIX + "build_info",
+            "Supervisor build metadata (constant 1).",
+            ["version", "python"],
+            registry=reg,
+        )
+        build.labels(version=version or _version(), python=platform.python_version()).set(1)
+        self._servers: set[str] = set()
+
+    def _declare_server(self, server: str) -> None:
+        """Create every label combination of a new server at 0 so rates and alerts see the first event."""
+        if server in self._servers:
+            return
+        self._servers.add(server)
+        for fault in FAULT_KINDS:
+            self._restarts.labels(server=server, fault=fault)
+            self._incidents.labels(server=server, fault=fault)
+        self._rung.labels(server=server).set(0)
+
+    def declare_sink(self, sink: str) -> None:
+        """Create the delivery counters of an alert sink at 0."""
+        for outcome in DELIVERY_OUTCOMES:
+            self._deliveries.labels(sink=sink, outcome=outcome)
+
+    def set_state(self, server: str, state: str) -> None:
+        """Make `state` the one current state of `server`."""
+        _check("state", state, STATES)
+        self._declare_server(server)
+        for name in STATES:
+            self._state.labels(server=server, state=name).set(1 if name == state else 0)
+
+    def incident(self, server: str, fault: str) -> None:
+        """Count an incident opened on `server`."""
+        self._declare_server(server)
+        self._incidents.labels(server=server, fault=_check("fault", fault, FAULT_KINDS)).inc()
+
+    def restart(self, server: str, fault: str) -> None:
+        """Count a restart of `server` caused by `fault`."""
+        self._declare_server(server)
+        self._restarts.labels(server=server, fault=_check("fault", fault, FAULT_KINDS)).inc()
+
+    def observe_detection(self, fault: str, seconds: float) -> None:
+        """Record how long detecting `fault` took."""
+        self._detection.labels(fault=_check("fault", fault, FAULT_KINDS)).observe(seconds)
+
+    def observe_time_to_serving(self, server: str, seconds: float) -> None:
+        """Record how long `server` took to serve again after an incident."""
+        self._to_serving.labels(server=server).observe(seconds)
+
+    def probe(self, server: str, probe: str, result: str, duration_s: float) -> None:
+        """Record one probe run: its result and duration."""
+        self._probe_results.labels(
+            server=server, probe=probe, result=_check("probe result", result, PROBE_RESULTS)
+        ).inc()
+        self._probe_duration.labels(server=server, probe=probe).observe(duration_s)
+
+    def canary(self, server: str, canary: str, verdict: str) -> None:
+        """Count one canary verdict."""
+        self._canary.labels(
+            server=server, canary=canary, verdict=_check("canary verdict", verdict, CANARY_VERDICTS)
+        ).inc()
+
+    def set_rung(self, server: str, rung: int) -> None:
+        """Publish the fallback-ladder rung `server` runs on."""
+        self._declare_server(server)
+        self._rung.labels(server=server).set(rung)
+
+    def observe_gpu_release(self, server: str, seconds: float) -> None:
+        """Record how long releasing and verifying the GPUs of `server` took."""
+        self._gpu_release.labels(server=server).observe(seconds)
+
+    def alert_delivery(self, sink: str, outcome: str) -> None:
+        """Count one alert delivery outcome of `sink`."""
+        self.declare_sink(sink)
+        self._deliveries.labels(sink=sink, outcome=_check("outcome", outcome, DELIVERY_OUTCOMES)).inc()
+
+    def tick(self, now_wall: float) -> None:
+        """Mark the supervisor loop alive at Unix time `now_wall`."""
+        self._last_tick.set(now_wall)
+
+    def render(self) -> bytes:
+        """The text exposition (format 0.0.4) of every metric."""
+        return generate_latest(self.registry)

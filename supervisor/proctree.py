@@ -1,0 +1,314 @@
+"""Know the process tree of one SGLang launch: group, descendants, environment marker, rank titles.
+
+Every process the launcher starts carries ``SGLSUP_RUN_ID=<run>`` and ``SGLSUP_SERVER=<server>`` in its
+environment; children inherit it, so a rank that was re-parented to PID 1 or called ``setsid`` is still
+found by reading ``/proc/<pid>/environ``. Nothing here signals anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+RUN_MARKER = "SGLSUP_RUN_ID"
+SERVER_MARKER = "SGLSUP_SERVER"
+_PROC = Path("/proc")
+_ENVIRON_LIMIT = 4 * 1024 * 1024
+_TITLE_LIMIT = 4096
+# Title parts that do not identify a rank slot for our purposes (EP, attention CP, MoE DP).
+_EXTRA_PARTS = re.compile(r"_(?:ATTN_CP|MOE_DP|EP)\d+")
+# Never signalled, never counted as a holder: NVIDIA's daemons. A trailing "*" matches a prefix.
+DEFAULT_ALLOWLIST: tuple[str, ...] = ("nvidia-persistenced", "nv-hostengine", "dcgm*")
+
+
+@dataclass(frozen=True)
+class ProcId:
+    """A PID plus its start time, so a reused PID is never mistaken for ours."""
+
+    pid: int
+    create_time: float
+
+
+@dataclass(frozen=True)
+class RankState:
+    """One expected title: the PID holding it, and whether it runs, is a zombie, or is missing."""
+
+    title: str
+    pid: int | None
+    status: str  # "running" | "zombie" | "missing"
+    cpu_time_s: float | None
+
+
+@dataclass(frozen=True)
+class TreeSnapshot:
+    """What the tree of one run looks like at ``taken_at`` (monotonic seconds)."""
+
+    taken_at: float
+    main_pid: int
+    main_alive: bool
+    ranks: tuple[RankState, ...]
+    descendants: tuple[ProcId, ...]
+    marked: tuple[ProcId, ...]
+
+    @property
+    def lost_ranks(self) -> tuple[RankState, ...]:
+        """Expected ranks that are missing or zombies."""
+        return tuple(r for r in self.ranks if r.status != "running")
+
+    @property
+    def crashed(self) -> bool:
+        """Main alive but a rank gone: SGLang's own watchdog may not notice (failure F10)."""
+        return self.main_alive and bool(self.lost_ranks)
+
+
+@dataclass(frozen=True)
+class TreeEvent:
+    """A change between two snapshots: ``main_exited`` or ``rank_lost`` (with the title)."""
+
+    kind: str
+    pid: int
+    title: str = ""
+
+
+def expected_rank_titles(tp: int, dp: int = 1, pp: int = 1) -> list[str]:
+    """Process titles SGLang gives its schedulers, detokenizer and DP controller for this layout."""
+    titles: list[str] = []
+    for d in range(dp):
+        for p in range(pp):
+            for t in range(tp):
+                parts = [f"DP{d}"] if dp > 1 else []
+                parts += [f"PP{p}"] if pp > 1 else []
+                parts += [f"TP{t}"] if tp > 1 else []
+                titles.append("_".join(["sglang::scheduler", *parts]))
+    titles.append("sglang::detokenizer")
+    if dp > 1:
+        titles.append("sglang::data_parallel_controller")
+    return titles
+
+
+def process_title(pid: int) -> str:
+    """The title a process shows (``setproctitle`` rewrites cmdline); empty if unreadable."""
+    try:
+        with open(_PROC / str(pid) / "cmdline", "rb") as fh:
+            raw = fh.read(_TITLE_LIMIT)
+    except OSError:
+        return ""
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace").strip()
+
+
+def _canonical_title(title: str) -> str:
+    return _EXTRA_PARTS.sub("", title)
+
+
+def is_alive(pid: int) -> bool:
+    """True if the PID exists and is not a zombie (a zombie holds no files and no GPU memory)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def proc_id(pid: int) -> ProcId | None:
+    """The PID with its start time, or None if it is gone."""
+    try:
+        return ProcId(pid, psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def still_same(ident: ProcId) -> bool:
+    """True if ``ident.pid`` is still the very process recorded (same start time) and alive."""
+    current = proc_id(ident.pid)
+    return current is not None and abs(current.create_time - ident.create_time) < 0.01 and is_alive(ident.pid)
+
+
+def is_protected(pid: int, allowlist: Sequence[str] = DEFAULT_ALLOWLIST) -> bool:
+    """True for ourselves, our ancestors, and processes whose name matches the allowlist."""
+    me = psutil.Process()
+    if pid == me.pid or pid in {p.pid for p in me.parents()}:
+        return True
+    try:
+        proc = psutil.Process(pid)
+        names = {proc.name(), os.path.basename(process_title(pid).split(" ", 1)[0])}
+    except psutil.Error:
+        return False
+    for pattern in allowlist:
+        if pattern.endswith("*"):
+            if any(n.startswith(pattern[:-1]) for n in names):
+                return True
+        elif pattern in names:
+            return True
+    return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live PIDs whose process group is ``pgid``."""
+    found = []
+    for pid in all_pids():
+        try:
+            if os.getpgid(pid) == pgid and is_alive(pid):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def descendants(pid: int) -> list[ProcId]:
+    """Every live descendant of ``pid`` (children of children included)."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for child in children:
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.append(ProcId(child.pid, child.create_time()))
+        except psutil.Error:
+            continue
+    return found
+
+
+def read_markers(pid: int) -> dict[str, str]:
+    """``SGLSUP_RUN_ID`` / ``SGLSUP_SERVER`` from a process's initial environment (empty if none)."""
+    try:
+        with open(_PROC / str(pid) / "environ", "rb") as fh:
+            raw = fh.read(_ENVIRON_LIMIT)
+    except OSError:
+        return {}
+    found = {}
+    for entry in raw.split(b"\0"):
+        key, sep, value = entry.partition(b"=")
+        if sep and key in (RUN_MARKER.encode(), SERVER_MARKER.encode()):
+            found[key.decode()] = value.decode("utf-8", "replace")
+    return found
+
+
+def find_marked(run_id: str | None = None, server: str | None = None) -> list[ProcId]:
+    """Live processes whose environment carries this run (or, with ``server`` only, any run of it)."""
+    if run_id is None and server is None:
+        return []
+    me = os.getpid()
+    found = []
+    for pid in all_pids():
+        if pid == me:
+            continue
+        markers = read_markers(pid)
+        if run_id is not None and markers.get(RUN_MARKER) != run_id:
+            continue
+        if server is not None and markers.get(SERVER_MARKER) != server:
+            continue
+        ident = proc_id(pid)
+        if ident is not None and is_alive(pid):
+            found.append(ident)
+    return found
+
+
+def snapshot(
+    main_pid: int, run_id: str, expected_titles: Sequence[str] = (), previous: TreeSnapshot | None = None
+) -> TreeSnapshot:
+    """Main alive?, each expected title → PID / missing / zombie, all descendants, marked processes.
+
+    A zombie shows no title any more; ``previous`` lets a rank seen before be reported as a zombie.
+    """
+    desc = descendants(main_pid)
+    marked = find_marked(run_id=run_id) if run_id else []
+    by_title = _index_titles({p.pid for p in desc} | {p.pid for p in marked})
+    known = {r.title: r.pid for r in previous.ranks} if previous else {}
+    ranks = tuple(
+        _rank_state(title, by_title.get(_canonical_title(title)), known.get(title))
+        for title in expected_titles
+    )
+    return TreeSnapshot(
+        taken_at=time.monotonic(),
+        main_pid=main_pid,
+        main_alive=is_alive(main_pid),
+        ranks=ranks,
+        descendants=tuple(desc),
+        marked=tuple(marked),
+    )
+
+
+def changes(previous: TreeSnapshot | None, current: TreeSnapshot) -> list[TreeEvent]:
+    """Events between two snapshots; with no previous one, everything already lost counts."""
+    events: list[TreeEvent] = []
+    if not current.main_alive and (previous is None or previous.main_alive):
+        events.append(TreeEvent("main_exited", current.main_pid))
+    before = {r.title: r.status for r in previous.ranks} if previous else {}
+    for rank in current.lost_ranks:
+        if before.get(rank.title, "running") == "running":
+            events.append(TreeEvent("rank_lost", rank.pid or 0, rank.title))
+    return events
+
+
+def poll_tree(
+    previous: TreeSnapshot | None, main_pid: int, run_id: str, expected_titles: Sequence[str] = ()
+) -> tuple[TreeSnapshot, list[TreeEvent]]:
+    """Take a snapshot and say what changed; the daemon calls this every ≤ 0.5 s."""
+    current = snapshot(main_pid, run_id, expected_titles, previous)
+    return current, changes(previous, current)
+
+
+async def watch_exits(
+    snapshot_fn: Callable[[], TreeSnapshot],
+    on_change: Callable[[TreeSnapshot, list[TreeEvent]], Awaitable[None] | None],
+    stop: asyncio.Event,
+    interval_s: float = 0.25,
+) -> None:
+    """Poll ``snapshot_fn`` (in a thread) every ``interval_s`` until ``stop`` is set; report changes."""
+    previous: TreeSnapshot | None = None
+    while not stop.is_set():
+        current = await asyncio.to_thread(snapshot_fn)
+        events = changes(previous, current)
+        if events:
+            result = on_change(current, events)
+            if result is not None:
+                await result
+        previous = current
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+        except TimeoutError:
+            continue
+
+
+def _rank_state(title: str, pid: int | None, known_pid: int | None) -> RankState:
+    if pid is None:
+        if known_pid is not None and _is_zombie(known_pid):
+            return RankState(title, known_pid, "zombie", None)
+        return RankState(title, None, "missing", None)
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return RankState(title, None, "missing", None)
+    return RankState(title, pid, "running", times.user + times.system)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _index_titles(pids: Iterable[int]) -> dict[str, int]:
+    index: dict[str, int] = {}
+    for pid in sorted(pids):
+        title = process_title(pid)
+        if title.startswith("sglang::"):
+            index.setdefault(_canonical_title(title), pid)
+    return index
+
+
+def all_pids() -> list[int]:
+    """Every PID currently listed in /proc."""
+    try:
+        return [int(name) for name in os.listdir(_PROC) if name.isdigit()]
+    except OSError:
+        return []

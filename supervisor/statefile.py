@@ -1,0 +1,59 @@
+"""`state_dir/state.json`: who runs, with which flags and ladder levels; survives daemon restarts."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ServerRecord:
+    """What the daemon must remember about one server across its own restarts."""
+
+    run_id: str = ""
+    pid: int | None = None
+    pgid: int | None = None
+    argv: list[str] = field(default_factory=list)
+    levels: dict[str, int] = field(default_factory=dict)  # ladder key -> active rung
+    history: list[list[Any]] = field(default_factory=list)  # [ladder key, rung] of past incidents
+    state: str = "stopped"
+
+
+@dataclass
+class StateFile:
+    """The whole file: the daemon that wrote it and one record per server."""
+
+    path: Path
+    daemon_pid: int = 0
+    servers: dict[str, ServerRecord] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> StateFile:
+        """Read the file; a missing or corrupt file is an empty state (the reaper still finds old trees by marker)."""
+        state = cls(path)
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            data = json.loads(path.read_text())
+            state.daemon_pid = int(data.get("daemon_pid", 0))
+            for name, rec in dict(data.get("servers", {})).items():
+                known = {k: v for k, v in dict(rec).items() if k in ServerRecord.__dataclass_fields__}
+                state.servers[str(name)] = ServerRecord(**known)
+        return state
+
+    def record(self, name: str) -> ServerRecord:
+        """The record of a server (created empty)."""
+        return self.servers.setdefault(name, ServerRecord())
+
+    def save(self) -> None:
+        """Write atomically (tmp + fsync + rename)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"daemon_pid": os.getpid(), "servers": {k: asdict(v) for k, v in self.servers.items()}}
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(data, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)

@@ -1,0 +1,148 @@
+"""The status endpoint: `/healthz`, `/status`, `/incidents`, `/metrics`, and token-guarded `/control/*`.
+
+Bound to loopback by default. Control endpoints answer 403 (with how to enable them) when no token is
+configured, 401 without or with a wrong bearer token (constant-time compare). Nothing secret is served.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from aiohttp import web
+
+from supervisor.metrics import CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from supervisor.daemon import Daemon
+
+log = structlog.get_logger()
+MAX_CONTROL_BODY = 16 * 1024
+
+
+def read_token(path: Path | None) -> str | None:
+    """The control token from its file (stripped), or None when not configured or unreadable."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text()[:4096].strip()
+    except OSError as exc:
+        log.error("control.token_unreadable", path=str(path), error=exc.strerror)
+        return None
+    return token or None
+
+
+class StatusServer:
+    """aiohttp app serving the daemon's status."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.runner: web.AppRunner | None = None
+        http = daemon.config.supervisor.http
+        self.host, self.port = http.host, http.port
+        self.url = f"http://{self.host}:{self.port}"
+
+    def app(self) -> web.Application:
+        """Routes."""
+        app = web.Application(client_max_size=MAX_CONTROL_BODY)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/status", self.status)
+        app.router.add_get("/incidents", self.incidents)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/control/{action:restart|pause|resume}", self.control)
+        return app
+
+    async def start(self) -> None:
+        """Bind and serve (the bound port is known even when 0 was asked)."""
+        self.runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.host, self.port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            self.port = int(server.sockets[0].getsockname()[1])
+            self.url = f"http://{self.host}:{self.port}"
+
+    async def stop(self) -> None:
+        """Stop serving."""
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        """200 while the daemon's loop ticks; 503 when it is stale."""
+        age = time.monotonic() - self.daemon.last_tick
+        limit = max(3 * self.daemon.config.supervisor.tick_s, 5.0)
+        ok = age < limit
+        return web.json_response({"ok": ok, "loop_age_s": round(age, 3)}, status=200 if ok else 503)
+
+    def status_body(self) -> dict[str, Any]:
+        """The `/status` document."""
+        d = self.daemon
+        return {
+            "state": d.state.value,
+            "status_line": d.status_line(),
+            "pid": os.getpid(),
+            "started_at": d.started,
+            "servers": [rt.status() for rt in d.runtimes],
+            "incidents": [i.to_json() for i in list(d.ctx.incidents)[-20:]][::-1],
+        }
+
+    async def status(self, request: web.Request) -> web.Response:
+        """Daemon and server state, recent incidents."""
+        return web.Response(text=json.dumps(self.status_body(), default=str), content_type="application/json")
+
+    async def incidents(self, request: web.Request) -> web.Response:
+        """The incident journal, newest first, paged with `offset` and `limit` (≤ 500)."""
+        try:
+            offset = max(0, int(request.query.get("offset", "0")))
+            limit = min(500, max(1, int(request.query.get("limit", "50"))))
+        except ValueError:
+            return web.json_response({"error": "offset and limit must be integers"}, status=400)
+        page = self.daemon.ctx.journal.page(offset, limit)
+        return web.Response(
+            text=json.dumps(
+                {"offset": offset, "limit": limit, "incidents": [i.to_json() for i in page]}, default=str
+            ),
+            content_type="application/json",
+        )
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text exposition."""
+        return web.Response(body=self.daemon.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def control(self, request: web.Request) -> web.Response:
+        """restart / pause / resume, for one server (`server`) or all; `reason` and `actor` go to the journal."""
+        token = read_token(self.daemon.config.supervisor.http.token_file)
+        if token is None:
+            return web.json_response(
+                {
+                    "error": "control endpoints are disabled: set supervisor.http.token_file to a file holding a bearer token"
+                },
+                status=403,
+            )
+        given = request.headers.get("Authorization", "")
+        scheme, _, value = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token.encode()):
+            return web.json_response(
+                {"error": "missing or wrong bearer token"}, status=401, headers={"WWW-Authenticate": "Bearer"}
+            )
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except ValueError:
+            return web.json_response({"error": "body must be JSON"}, status=400)
+        if not isinstance(body, dict):
+            return web.json_response({"error": "body must be a JSON object"}, status=400)
+        action = request.match_info["action"]
+        server = body.get("server")
+        reason = str(body.get("reason") or "")[:500]
+        actor = str(body.get("actor") or request.headers.get("X-Actor") or "operator")[:100]
+        try:
+            result = await self.daemon.control(action, str(server) if server else None, reason, actor)
+        except KeyError:
+            return web.json_response({"error": f"unknown server {server!r}"}, status=404)
+        return web.json_response({"action": action, "servers": result})

@@ -1,0 +1,52 @@
+"""Cleanup: stale shared-memory files swept unless held, ports held then freed."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from supervisor import cleanup
+
+
+@pytest.mark.process
+def test_sweep_shm_removes_stale_and_keeps_held(tmp_path: Path, start_holder: Callable[..., int]) -> None:
+    """Unheld sgl_shm_*/psm_*/sem.mp-* files go; open, mapped and unmatched files stay."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    for name in ("sgl_shm_a", "psm_b", "sem.mp-c", "sgl_shm_held", "sem.mp-mapped", "other.txt"):
+        (shm / name).write_bytes(b"\0" * 4096)
+    start_holder(shm / "sgl_shm_held")
+    start_holder(shm / "sem.mp-mapped", "--mmap")
+    removed = cleanup.sweep_shm(shm)
+    assert sorted(p.name for p in removed) == ["psm_b", "sem.mp-c", "sgl_shm_a"]
+    assert sorted(p.name for p in shm.iterdir()) == ["other.txt", "sem.mp-mapped", "sgl_shm_held"]
+
+
+@pytest.mark.unit
+def test_sweep_shm_respects_the_ownership_filter(tmp_path: Path) -> None:
+    """Only files the predicate attributes to the dead run are removed."""
+    (tmp_path / "psm_mine").write_bytes(b"x")
+    (tmp_path / "psm_theirs").write_bytes(b"x")
+    removed = cleanup.sweep_shm(tmp_path, owned_by_dead_run=lambda p: p.name.endswith("mine"))
+    assert [p.name for p in removed] == ["psm_mine"]
+    assert (tmp_path / "psm_theirs").exists()
+
+
+@pytest.mark.process
+def test_ports_held_then_freed() -> None:
+    """A listening port is reported bound, with its holder at the deadline, and free once closed."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        assert cleanup.ports_free("127.0.0.1", [port]) == [port]
+        held = cleanup.wait_ports_free("127.0.0.1", [port], deadline_s=0.1)
+        assert not held.ok and held.busy == (port,) and str(port) in held.reason
+    finally:
+        listener.close()
+    freed = cleanup.wait_ports_free("127.0.0.1", [port], deadline_s=10)
+    assert freed.ok, freed.reason

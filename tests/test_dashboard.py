@@ -1,0 +1,124 @@
+"""monitoring/grafana-dashboard.json: valid JSON, datasource variable everywhere, PromQL checked by promtool."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_metrics_promtool import populated
+from tools import ensure_promtool
+
+from supervisor.metrics import STATES
+
+DASHBOARD = Path(__file__).resolve().parent.parent / "monitoring" / "grafana-dashboard.json"
+SUBSTITUTIONS = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
+REQUIRED_TITLES = {
+    "Server state",
+    "Incidents by fault",
+    "Fallback rung",
+    "Probe latency p50 / p99",
+    "Canary pass rate",
+    "Time to serving (mean, 1h)",
+    "Alert deliveries",
+}
+
+
+def dashboard() -> dict[str, Any]:
+    """The dashboard JSON."""
+    data: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return data
+
+
+def targets() -> list[tuple[int, str, str]]:
+    """(panel id, refId, expr) of every panel target."""
+    return [(p["id"], t["refId"], t["expr"]) for p in dashboard()["panels"] for t in p["targets"]]
+
+
+def concrete(expr: str) -> str:
+    """The expression with Grafana's variables replaced by values promtool accepts."""
+    for variable, value in SUBSTITUTIONS.items():
+        expr = expr.replace(variable, value)
+    return re.sub(r"\$\{?\w+\}?", ".*", expr)
+
+
+@pytest.mark.unit
+def test_structure_ids_and_grid() -> None:
+    """Stable uid, unique panel ids, grid within 24 columns, the panels on-call needs."""
+    data = dashboard()
+    assert data["id"] is None and 8 <= len(data["uid"]) <= 40
+    panels = data["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    for p in panels:
+        grid = p["gridPos"]
+        assert grid["w"] >= 1 and grid["x"] + grid["w"] <= 24, p["title"]
+        assert p["description"] and p["fieldConfig"]["defaults"]["unit"], p["title"]
+        assert p["targets"], p["title"]
+    assert {p["title"] for p in panels} >= REQUIRED_TITLES
+    assert any(p["type"] == "state-timeline" for p in panels)
+
+
+@pytest.mark.unit
+def test_state_timeline_codes_match_the_state_names() -> None:
+    """The state timeline encodes state i as i and maps i back to the same state's name."""
+    (panel,) = [p for p in dashboard()["panels"] if p["type"] == "state-timeline"]
+    codes = dict(
+        re.findall(r'(\d+) \* max by \(instance, server\) \([^)]*state="(\w+)"', panel["targets"][0]["expr"])
+    )
+    assert {int(code): state for code, state in codes.items()} == dict(enumerate(STATES[1:], start=1))
+    mapping = panel["fieldConfig"]["defaults"]["mappings"][0]["options"]
+    assert {int(code): m["text"] for code, m in mapping.items()} == dict(enumerate(STATES))
+
+
+@pytest.mark.unit
+def test_every_panel_and_variable_uses_the_datasource_variable() -> None:
+    """Panels, targets and query variables all point at ${datasource}, which is a datasource variable."""
+    data = dashboard()
+    variables = {v["name"]: v for v in data["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for v in variables.values():
+        if v["type"] == "query":
+            assert v["datasource"]["uid"] == "${datasource}", v["name"]
+    for p in data["panels"]:
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == "${datasource}", p["title"]
+
+
+@pytest.mark.unit
+def test_every_metric_named_exists_in_the_render() -> None:
+    """Each sglang_supervisor_* name in a query or variable is a series SupervisorMetrics exposes."""
+    exposed = {
+        line.split("{")[0].split(" ")[0]
+        for line in populated().render().decode().splitlines()
+        if line and not line.startswith("#")
+    }
+    queries = [expr for _, _, expr in targets()]
+    queries += [v["definition"] for v in dashboard()["templating"]["list"] if v["type"] == "query"]
+    named = {name for q in queries for name in re.findall(r"sglang_supervisor_\w+", q)}
+    assert named, "the dashboard names no metric"
+    assert named <= exposed, named - exposed
+
+
+@pytest.mark.process
+def test_every_expression_parses_with_promtool(tmp_path: Path) -> None:
+    """Each target expression, as a recording rule, passes `promtool check rules`."""
+    rules = tmp_path / "dashboard-rules.yaml"
+    lines = ["groups:", "  - name: dashboard-exprs", "    rules:"]
+    for panel_id, ref_id, expr in targets():
+        lines.append(f"      - record: dashboard:panel{panel_id}_{ref_id}:check")
+        lines.append(f"        expr: {json.dumps(concrete(expr))}")
+    rules.write_text("\n".join(lines) + "\n")
+    result = subprocess.run(
+        [str(ensure_promtool()), "check", "rules", str(rules)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(targets())} rules found" in result.stdout

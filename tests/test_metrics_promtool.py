@@ -1,0 +1,144 @@
+"""The supervisor's metrics: contract names and labels, checked by the real `promtool check metrics`."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from tools import ensure_promtool
+
+from supervisor.metrics import CONTENT_TYPE, FAULT_KINDS, STATES, SupervisorMetrics
+
+CONTRACT_METRICS = {
+    "sglang_supervisor_server_state": "gauge",
+    "sglang_supervisor_restarts_total": "counter",
+    "sglang_supervisor_incidents_total": "counter",
+    "sglang_supervisor_detection_latency_seconds": "histogram",
+    "sglang_supervisor_time_to_serving_seconds": "histogram",
+    "sglang_supervisor_probe_duration_seconds": "histogram",
+    "sglang_supervisor_probe_results_total": "counter",
+    "sglang_supervisor_canary_results_total": "counter",
+    "sglang_supervisor_fallback_rung": "gauge",
+    "sglang_supervisor_gpu_release_duration_seconds": "histogram",
+    "sglang_supervisor_alert_deliveries_total": "counter",
+    "sglang_supervisor_loop_last_tick_timestamp_seconds": "gauge",
+    "sglang_supervisor_build_info": "gauge",
+}
+
+
+def populated() -> SupervisorMetrics:
+    """A registry with every method called at least once (shared with the dashboard test)."""
+    m = SupervisorMetrics(version="0.1.0")
+    for server in ("prefill", "decode"):
+        m.set_state(server, "serving")
+        m.incident(server, "decode_wedge")
+        m.restart(server, "decode_wedge")
+        m.observe_time_to_serving(server, 42.0)
+        m.probe(server, "health", "ok", 0.02)
+        m.probe(server, "health", "timeout", 20.0)
+        m.canary(server, "tool_call", "pass")
+        m.canary(server, "reasoning", "fail")
+        m.set_rung(server, 1)
+        m.observe_gpu_release(server, 3.5)
+    m.observe_detection("decode_wedge", 12.0)
+    m.alert_delivery("pagerduty", "ok")
+    m.alert_delivery("slack", "dropped")
+    m.tick(1_780_000_000.0)
+    return m
+
+
+@pytest.mark.unit
+def test_every_contract_metric_is_exposed_with_its_type() -> None:
+    """Each metric of docs/contracts.md appears in the render with the contract's type."""
+    text = populated().render().decode()
+    for name, kind in CONTRACT_METRICS.items():
+        assert f"# TYPE {name} {kind}\n" in text, name
+
+
+@pytest.mark.unit
+def test_vocabulary_matches_docs_contracts() -> None:
+    """The states and fault kinds used as label values are exactly those of docs/contracts.md."""
+    contracts = (Path(__file__).resolve().parent.parent / "docs" / "contracts.md").read_text()
+
+    def listed(heading: str) -> list[str]:
+        section = contracts.split(heading, 1)[1].split("##", 1)[0]
+        return re.findall(r"[a-z_]+", " ".join(re.findall(r"`([^`]+)`", section)))
+
+    assert list(STATES) == listed("## Server states")
+    assert list(FAULT_KINDS) == listed("## Fault kinds")
+
+
+@pytest.mark.unit
+def test_set_state_sets_exactly_one_state() -> None:
+    """server_state is a state set: 1 for the current state, 0 for every other state."""
+    m = SupervisorMetrics()
+    m.set_state("unified", "starting")
+    m.set_state("unified", "recovering")
+    values = {
+        s: m.registry.get_sample_value("sglang_supervisor_server_state", {"server": "unified", "state": s})
+        for s in STATES
+    }
+    assert values == {s: (1.0 if s == "recovering" else 0.0) for s in STATES}
+
+
+@pytest.mark.unit
+def test_new_server_starts_every_fault_counter_at_zero() -> None:
+    """A server's first appearance creates restart and incident series at 0 for every fault kind."""
+    m = SupervisorMetrics()
+    m.set_state("decode", "starting")
+    m.incident("decode", "oom")
+    for fault in FAULT_KINDS:
+        labels = {"server": "decode", "fault": fault}
+        assert m.registry.get_sample_value("sglang_supervisor_restarts_total", labels) == 0.0
+        expected = 1.0 if fault == "oom" else 0.0
+        assert m.registry.get_sample_value("sglang_supervisor_incidents_total", labels) == expected
+
+
+@pytest.mark.unit
+def test_declared_sink_has_every_outcome_at_zero() -> None:
+    """declare_sink creates ok/failed/dropped delivery counters at 0."""
+    m = SupervisorMetrics()
+    m.declare_sink("webhook")
+    for outcome in ("ok", "failed", "dropped"):
+        labels = {"sink": "webhook", "outcome": outcome}
+        assert m.registry.get_sample_value("sglang_supervisor_alert_deliveries_total", labels) == 0.0
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m: m.set_state("s", "running"),
+        lambda m: m.incident("s", "segfault"),
+        lambda m: m.probe("s", "health", "slow", 1.0),
+        lambda m: m.canary("s", "tool_call", "maybe"),
+        lambda m: m.alert_delivery("slack", "retried"),
+    ],
+)
+def test_unknown_label_value_is_rejected(call: object) -> None:
+    """Values outside the shared vocabulary raise instead of creating a stray series."""
+    m = SupervisorMetrics()
+    with pytest.raises(ValueError, match="allowed"):
+        call(m)  # type: ignore[operator]
+
+
+@pytest.mark.unit
+def test_content_type_is_text_format_004() -> None:
+    """The exposition content type is the Prometheus text format every Prometheus version accepts."""
+    assert CONTENT_TYPE.startswith("text/plain; version=0.0.4")
+
+
+@pytest.mark.process
+def test_promtool_check_metrics_is_clean() -> None:
+    """`promtool check metrics` finds no problem in a populated render."""
+    result = subprocess.run(
+        [str(ensure_promtool()), "check", "metrics"],
+        input=populated().render(),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr).decode()
+    assert result.stdout.strip() == b"" and result.stderr.strip() == b""

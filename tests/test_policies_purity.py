@@ -1,0 +1,33 @@
+"""policies/ stays pure: no module imports anything that does I/O or reads the clock."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+BANNED = {
+    "asyncio",
+    "os",
+    "subprocess",
+    "time",
+    "aiohttp",
+    "psutil",
+    "socket",
+    "signal",
+}
+MODULES = sorted((Path(__file__).resolve().parent.parent / "policies").glob("*.py"))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("path", MODULES, ids=[p.name for p in MODULES])
+def test_policy_module_imports_nothing_impure(path: Path) -> None:
+    """A policies module imports none of the I/O modules directly."""
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert not imported & BANNED
