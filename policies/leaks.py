@@ -225,7 +225,7 @@ def judge_tool(result: ChatResult, tool: str, city: str) -> Verdict:
             return Verdict(FAIL, f"arguments lack the required city: {call.arguments[:80]!r}")
         cities.append(args["city"])
     if result.calls:
-        if not any(city.lower() in c.lower() for c in cities):
+        if not all(city.lower() in c.lower() for c in cities):
             return Verdict(FAIL, f"wrong city {cities} (asked {city})", cities=tuple(cities))
         return Verdict(PASS, f"{len(result.calls)} call(s) to {tool}", cities=tuple(cities))
     if result.finish_reason == "length":

@@ -35,9 +35,6 @@ async def probe_health(
     except (aiohttp.ClientError, OSError) as exc:
         error = f"{type(exc).__name__}: {exc}"[:200]
     end = time.monotonic()
-    if status is not None:
-        detail = f"{path} {status}"
-    else:
-        detail = f"{path} {error}"
+    detail = f"{path} {status if status is not None else error}"
     values = {"status": status, "refused": refused, "timeout": timed_out}
     return Observation("health", end, status == 200, detail, end - start, values)

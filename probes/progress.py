@@ -118,7 +118,9 @@ class ProgressTracker:
             running = _gauge(samples, "sglang:num_running_reqs")
             active_series = [s for s in samples if s.name == "sglang:http_requests_active"]
             if active_series:
-                active = sum(s.value for s in active_series if s.labels.get("endpoint") in GENERATION_ENDPOINTS)
+                active = sum(
+                    s.value for s in active_series if s.labels.get("endpoint") in GENERATION_ENDPOINTS
+                )
             pd_queue = _gauge(samples, PD_QUEUES.get(self.role, ()))
         if moved:
             self.last_progress_at = now
@@ -148,8 +150,10 @@ class ProgressTracker:
         if samples is None:
             detail = f"metrics unavailable: {error}"
         elif reasons:
-            detail = f"work in flight ({', '.join(reasons)}); no progress for {stalled:.1f}s" if stalled > 0 else (
-                f"work in flight, progressing ({', '.join(moved) or 'other signals'})"
+            detail = (
+                f"work in flight ({', '.join(reasons)}); no progress for {stalled:.1f}s"
+                if stalled > 0
+                else (f"work in flight, progressing ({', '.join(moved) or 'other signals'})")
             )
         else:
             detail = "idle"
@@ -180,9 +184,7 @@ async def scrape_metrics(
     """GET /metrics with a timeout and a byte cap: (samples or None, error, latency)."""
     start = time.monotonic()
     try:
-        async with session.get(
-            f"{base_url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)
-        ) as resp:
+        async with session.get(f"{base_url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 return None, f"HTTP {resp.status}", time.monotonic() - start
             body = await read_capped(resp, max_bytes)

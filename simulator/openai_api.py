@@ -129,7 +129,7 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
 def chat_completion(
     id: str, model: str, created: int, msg: ParsedMessage, prompt_tokens: int, completion_tokens: int
 ) -> dict[str, Any]:
-    """A non-streaming chat.completion body; tool_calls is [] when a marker was seen but nothing parsed."""
+    """A non-streaming chat.completion body; tool_calls is null when nothing parsed (as SGLang 0.5.23)."""
     calls = [
         {
             "id": c.id,
@@ -143,7 +143,7 @@ def chat_completion(
         "role": "assistant",
         "content": msg.content or "",
         "reasoning_content": msg.reasoning_content,
-        "tool_calls": calls if calls or msg.finish_reason == "tool_calls" else None,
+        "tool_calls": calls or None,
     }
     choice = {
         "index": 0,

@@ -2,8 +2,9 @@
 
 Own code, written to reproduce what SGLang 0.5.23 returns for each parser, including when the
 parser does not match the model's markup: missing or foreign markers pass through as content,
-same-family mismatches give the shapes of parsers.md §4 (e.g. deepseekv3 on V3.1 output:
-finish_reason tool_calls, no calls, raw content; streaming swallows it).
+same-family mismatches give the shapes the real 0.5.23 parsers produce (e.g. deepseekv3 on V3.1 output:
+no calls, finish_reason stop, raw content; streaming swallows it). Newer SGLang `main` answers
+`tool_calls: []` with finish_reason `tool_calls` there (parsers.md §4); the real-tier tests pin 0.5.23.
 """
 
 from __future__ import annotations
@@ -228,10 +229,11 @@ def parse_complete(
         and _tools_active(tool_parser, tools, tool_choice)
         and _TOOL[tool_parser][0] in text
     ):
-        finish = "tool_calls" if finish == "stop" else finish
         normal, found = _extract(tool_parser, text, tools)
         calls = [ToolCall(_call_id(tool_parser, n, i, text), i, n, a) for i, (n, a) in enumerate(found)]
         text = normal
+        if calls and finish == "stop":
+            finish = "tool_calls"
     return ParsedMessage(text, reasoning or None, calls, finish)
 
 
@@ -268,7 +270,7 @@ class _ReasoningStream:
                 self.buffer, self.inside = "", False
                 rest = current[at + len(self.end) :] if token == self.end else current[at:]
                 return current[:at], rest
-        hold = max(_partial_len(current, (t,)) for t in watch)
+        hold = _partial_len(current, watch)
         self.buffer = current[len(current) - hold :]
         return current[: len(current) - hold], ""
 

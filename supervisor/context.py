@@ -189,7 +189,7 @@ class Context:
             )
             if self.alerts is not None:
                 self.alerts.resolve(resolved)
-        if rt.cfg.role is Role.PREFILL and rt.restart_count + rt.manual_restarts > 0:
+        if rt.cfg.role is Role.PREFILL and rt.launch_count > 1:
             self.restart_decodes(rt.name)
 
     def restart_decodes(self, prefill: str) -> None:

@@ -59,6 +59,7 @@ class ServerRuntime:
         self.argv: tuple[str, ...] = cfg.argv
         self.restarts: list[float] = []
         self.restart_count = 0
+        self.launch_count = 0
         self.serving_since: float | None = None
         self.started_at = 0.0
         self.open_incident: Incident | None = None
@@ -166,6 +167,7 @@ class ServerRuntime:
             self.log.error("server.spawn_failed", reason=result.reason)
             return False
         self.launched = result
+        self.launch_count += 1
         self.started_at = time.monotonic()
         self.record.run_id, self.record.pid, self.record.pgid = self.run_id, result.pid, result.pgid
         self.record.argv = list(self.argv)

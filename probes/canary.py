@@ -1,0 +1,300 @@
+"""Output-correctness canaries (parsers.md §5): tool call (non-stream + stream), reasoning, config check.
+
+The tool canary asks for the weather with a tiny `get_weather(city)` tool, `tool_choice: auto` (the detector
+path), temperature 0, thinking off, a small `max_tokens`, and sends the same body streamed. Verdicts come from
+`policies.leaks`. Every request has a timeout and every body is read with a byte cap.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import aiohttp
+
+from policies.leaks import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    ChatResult,
+    ToolCall,
+    Verdict,
+    find_leaks,
+    judge_pair,
+    judge_reasoning,
+    judge_tool,
+)
+from probes.base import Observation, read_capped
+from probes.settings import ProbeSettings
+
+TOOL_NAME = "get_weather"
+MAX_BODY = 1024 * 1024
+SYSTEM = (
+    "You are a tool-using assistant. Weather questions must be answered only by calling get_weather. "
+    "Do not answer from memory."
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": TOOL_NAME,
+            "description": "Current weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+REASONING_ANSWER = "42"
+
+
+def tool_body(model: str, city: str, max_tokens: int, stream: bool, rid: str = "") -> dict[str, Any]:
+    """The tier-1 canary request for one city."""
+    body: dict[str, Any] = {
+        "model": model,
+        "temperature": 0,
+        "seed": 7,
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"What is the weather in {city} right now?"},
+        ],
+        "tools": TOOLS,
+        "tool_choice": "auto",
+        "chat_template_kwargs": {"enable_thinking": False, "thinking": False},
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if rid:
+        body["rid"] = rid
+    return body
+
+
+def reasoning_body(model: str, max_tokens: int) -> dict[str, Any]:
+    """The tier-2 canary: thinking on, no tools, a one-number answer."""
+    return {
+        "model": model,
+        "temperature": 0,
+        "max_tokens": max(max_tokens, 512),
+        "messages": [{"role": "user", "content": "What is 17+25? Reply with only the number."}],
+        "chat_template_kwargs": {"enable_thinking": True, "thinking": True},
+    }
+
+
+def from_json(data: Any) -> ChatResult:
+    """A non-stream chat completion body as a ChatResult."""
+    try:
+        choice = data["choices"][0]
+        msg = choice.get("message") or {}
+        calls = tuple(
+            ToolCall(
+                c.get("id"),
+                (c.get("function") or {}).get("name"),
+                (c.get("function") or {}).get("arguments") or "",
+            )
+            for c in msg.get("tool_calls") or []
+        )
+        usage = data.get("usage") or {}
+        return ChatResult(
+            200,
+            msg.get("content") or "",
+            msg.get("reasoning_content") or "",
+            calls,
+            choice.get("finish_reason"),
+            usage.get("completion_tokens"),
+        )
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        return ChatResult(None, error=f"malformed completion: {type(exc).__name__}")
+
+
+def reassemble(events: list[Any], done: bool) -> ChatResult:
+    """Join SSE chunks: content, reasoning, and per index the id/name of the first chunk plus argument fragments."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    ids: dict[int, set[str]] = {}
+    names: dict[int, set[str]] = {}
+    args: dict[int, list[str]] = {}
+    errors: list[str] = []
+    finish: str | None = None
+    tokens: int | None = None
+    for event in events:
+        if not isinstance(event, dict):
+            continue
+        if "error" in event:
+            return ChatResult(None, error=f"in-stream error: {str(event['error'])[:160]}")
+        if isinstance(event.get("usage"), dict):
+            tokens = event["usage"].get("completion_tokens", tokens)
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                if args and find_leaks(delta["content"]):
+                    errors.append("markup in content after the first tool delta")
+                content.append(delta["content"])
+            if delta.get("reasoning_content"):
+                reasoning.append(delta["reasoning_content"])
+            for tc in delta.get("tool_calls") or []:
+                index = int(tc.get("index", 0))
+                fn = tc.get("function") or {}
+                if tc.get("id"):
+                    ids.setdefault(index, set()).add(tc["id"])
+                if fn.get("name"):
+                    names.setdefault(index, set()).add(fn["name"])
+                if fn.get("arguments"):
+                    if index not in names:
+                        errors.append(f"arguments before the name for call {index}")
+                    args.setdefault(index, []).append(fn["arguments"])
+            if choice.get("finish_reason"):
+                finish = choice["finish_reason"]
+    calls: list[ToolCall] = []
+    for index in sorted(set(names) | set(args)):
+        if len(ids.get(index, ())) > 1 or len(names.get(index, ())) > 1:
+            errors.append(f"call {index} has several ids or names")
+        calls.append(
+            ToolCall(
+                next(iter(ids.get(index, ())), None),
+                next(iter(names.get(index, ())), None),
+                "".join(args.get(index, [])),
+            )
+        )
+    if calls and finish not in ("tool_calls", "length"):
+        errors.append(f"tool calls streamed but finish_reason {finish!r}")
+    if not done:
+        return ChatResult(None, "".join(content), error="stream ended without [DONE]")
+    return ChatResult(
+        200, "".join(content), "".join(reasoning), tuple(calls), finish, tokens, tuple(dict.fromkeys(errors))
+    )
+
+
+async def chat(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    timeout_s: float,
+    max_bytes: int = MAX_BODY,
+) -> ChatResult:
+    """POST a chat completion (streamed or not) and reassemble it; never raises."""
+    try:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            if resp.status != 200:
+                await read_capped(resp, 4096)
+                return ChatResult(resp.status)
+            if not body.get("stream"):
+                raw = await read_capped(resp, max_bytes)
+                return from_json(json.loads(raw))
+            return await _read_stream(resp, max_bytes)
+    except TimeoutError:
+        return ChatResult(None, error=f"no answer within {timeout_s:g}s")
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        return ChatResult(None, error=f"{type(exc).__name__}: {exc}"[:200])
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, max_bytes: int) -> ChatResult:
+    events: list[Any] = []
+    total = 0
+    done = False
+    async for raw in resp.content:
+        total += len(raw)
+        if total > max_bytes:
+            return ChatResult(None, error=f"stream larger than {max_bytes} bytes")
+        line = raw.decode("utf-8", "replace").strip()
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            done = True
+            break
+        events.append(json.loads(payload))
+    return reassemble(events, done)
+
+
+def _observation(probe: str, verdict: Verdict, start: float, **values: Any) -> Observation:
+    end = time.monotonic()
+    body = {
+        "verdict": verdict.verdict,
+        "reason": verdict.reason,
+        "leaks": list(verdict.leaks),
+        "cities": list(verdict.cities),
+        **values,
+    }
+    return Observation(
+        probe, end, verdict.verdict == PASS, f"{verdict.verdict}: {verdict.reason}", end - start, body
+    )
+
+
+async def tool_canary(
+    session: aiohttp.ClientSession, base_url: str, model: str, settings: ProbeSettings, city: str = "Paris"
+) -> Observation:
+    """Non-stream then stream; a leak, a structural failure or a disagreement fails (probe `canary_tool`)."""
+    start = time.monotonic()
+    url = f"{base_url}/v1/chat/completions"
+    rid = f"canary-{int(time.time())}"
+    plain = await chat(
+        session, url, tool_body(model, city, settings.canary_max_tokens, False), settings.canary_timeout_s
+    )
+    v_plain = judge_tool(plain, TOOL_NAME, city)
+    if v_plain.verdict == FAIL or not v_plain.answered:
+        return _observation("canary_tool", _prefixed(v_plain, "non-stream"), start, rid=rid)
+    streamed = await chat(
+        session, url, tool_body(model, city, settings.canary_max_tokens, True), settings.canary_timeout_s
+    )
+    v_stream = judge_tool(streamed, TOOL_NAME, city)
+    return _observation("canary_tool", judge_pair(v_plain, v_stream), start, rid=rid)
+
+
+def _prefixed(v: Verdict, how: str) -> Verdict:
+    return Verdict(v.verdict, f"{how}: {v.reason}", v.leaks, v.cities, v.answered)
+
+
+async def reasoning_canary(
+    session: aiohttp.ClientSession, base_url: str, model: str, settings: ProbeSettings
+) -> Observation:
+    """Thinking on, no tools: reasoning separated and the answer in content (probe `canary_reasoning`)."""
+    start = time.monotonic()
+    result = await chat(
+        session,
+        f"{base_url}/v1/chat/completions",
+        reasoning_body(model, settings.canary_max_tokens),
+        settings.canary_timeout_s,
+    )
+    return _observation("canary_reasoning", judge_reasoning(result, REASONING_ANSWER), start)
+
+
+async def config_check(session: aiohttp.ClientSession, base_url: str, settings: ProbeSettings) -> Observation:
+    """`/server_info` parser settings against the expected ones (probe `config_check`; None = not checked)."""
+    start = time.monotonic()
+    expected = {
+        "tool_call_parser": settings.expected_tool_parser,
+        "reasoning_parser": settings.expected_reasoning_parser,
+    }
+    try:
+        async with session.get(
+            f"{base_url}/server_info", timeout=aiohttp.ClientTimeout(total=settings.canary_timeout_s)
+        ) as resp:
+            status = resp.status
+            raw = await read_capped(resp, MAX_BODY) if status == 200 else b""
+        info = json.loads(raw) if raw else {}
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        return _observation(
+            "config_check",
+            Verdict(INCONCLUSIVE, f"/server_info: {type(exc).__name__}", answered=False),
+            start,
+        )
+    if status != 200 or not isinstance(info, dict):
+        return _observation(
+            "config_check", Verdict(INCONCLUSIVE, f"/server_info HTTP {status}", answered=False), start
+        )
+    actual = {k: info.get(k) for k in expected}
+    wrong = [
+        f"{k}={actual[k]!r} (expected {v!r})" for k, v in expected.items() if v is not None and actual[k] != v
+    ]
+    if wrong:
+        return _observation(
+            "config_check", Verdict(FAIL, "; ".join(wrong)), start, actual=actual, expected=expected
+        )
+    return _observation(
+        "config_check", Verdict(PASS, "parsers as expected"), start, actual=actual, expected=expected
+    )

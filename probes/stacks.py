@@ -1,0 +1,144 @@
+"""Process-level evidence: which ranks live (from the tree view) and where each rank is blocked (py-spy).
+
+On suspicion of a stall, `py-spy dump --pid P` runs for every rank in parallel within a budget. Each rank's
+innermost collective-like frame is its *collective* (`all_reduce`, `broadcast`, `all_gather`, `custom_all_reduce`,
+`recv_requests`, ...): ranks blocked in different collectives have diverged (failure-modes.md H1); all ranks in
+one collective with no progress spin or wait on a peer that never comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from probes.base import Observation, TreeView
+
+# Checked in order against each frame's function name; the first token found names the collective.
+COLLECTIVES = (
+    "custom_all_reduce",
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+    "barrier",
+    "recv_requests",
+    "synchronize",
+)
+IDLE = "recv_requests"
+_OUTPUT_LIMIT = 256 * 1024
+_FRAME = re.compile(r"^\s+(\S.*?) \((.*)\)\s*$")
+_THREAD = re.compile(r"^Thread (\d+)")
+
+
+def py_spy_path() -> str | None:
+    """py-spy next to the running interpreter (the venv), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def parse_dump(text: str) -> list[list[str]]:
+    """The threads of a `py-spy dump`, each a list of `function (file:line)` frames, innermost first.
+
+    The thread named MainThread (or, when names are absent, the first thread) comes first.
+    """
+    threads: list[tuple[bool, list[str]]] = []
+    for line in text.splitlines():
+        if _THREAD.match(line):
+            threads.append(("MainThread" in line, []))
+            continue
+        match = _FRAME.match(line)
+        if match and threads:
+            threads[-1][1].append(f"{match.group(1)} ({match.group(2)})")
+    threads.sort(key=lambda t: not t[0])
+    return [frames for _, frames in threads]
+
+
+def classify(frames: list[str]) -> tuple[str | None, str | None]:
+    """(collective, the frame it was found in) for the innermost collective-like frame."""
+    for frame in frames:
+        function = frame.split(" (", 1)[0]
+        for token in COLLECTIVES:
+            if token in function:
+                return token, frame
+    return None, None
+
+
+async def dump(py_spy: str, pid: int, timeout_s: float) -> tuple[str, str]:
+    """(stdout, error) of one `py-spy dump`; the process is killed when the budget runs out."""
+    proc = await asyncio.create_subprocess_exec(
+        py_spy, "dump", "--pid", str(pid), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        return "", f"py-spy took longer than {timeout_s:g}s"
+    if proc.returncode != 0:
+        return "", err[:400].decode("utf-8", "replace").strip() or f"py-spy exit {proc.returncode}"
+    return out[:_OUTPUT_LIMIT].decode("utf-8", "replace"), ""
+
+
+async def probe_stacks(pids: dict[int, str], budget_s: float) -> Observation:
+    """Dump every rank in parallel and say whether the ranks diverged (probe `stacks`)."""
+    start = time.monotonic()
+    tool = py_spy_path()
+    if tool is None or not pids:
+        reason = "py-spy not found" if tool is None else "no rank pids"
+        return Observation("stacks", time.monotonic(), False, reason, 0.0, {"ranks": {}, "error": reason})
+    results = await asyncio.gather(*(dump(tool, pid, budget_s) for pid in pids))
+    ranks: dict[str, dict[str, Any]] = {}
+    for (pid, title), (text, error) in zip(pids.items(), results, strict=True):
+        threads = parse_dump(text) if text else []
+        main = threads[0] if threads else []
+        collective, frame = classify(main)
+        ranks[title or str(pid)] = {
+            "pid": pid,
+            "collective": collective,
+            "frame": frame or (main[0] if main else None),
+            "stack": main[:12],
+            "error": error or None,
+        }
+    seen = {r["collective"] for r in ranks.values() if r["collective"]}
+    dumped = [r for r in ranks.values() if not r["error"]]
+    diverging = len(seen) > 1
+    all_in = next(iter(seen)) if len(seen) == 1 and all(r["collective"] for r in dumped) and dumped else None
+    end = time.monotonic()
+    if diverging:
+        detail = "ranks diverged: " + ", ".join(f"{t}={r['collective']}" for t, r in sorted(ranks.items()))
+    elif all_in:
+        detail = f"all {len(dumped)} ranks in {all_in}"
+    else:
+        detail = f"{len(dumped)}/{len(ranks)} ranks dumped, no common collective"
+    values = {"ranks": ranks, "diverging": diverging, "all_in": all_in, "collectives": sorted(seen)}
+    return Observation("stacks", end, bool(dumped), detail, end - start, values)
+
+
+def observe_ranks(tree: TreeView, previous_cpu: dict[str, float], now: float) -> Observation:
+    """Every expected rank alive and not a zombie, with per-rank CPU time advancing or not (probe `ranks`)."""
+    cpu = dict(tree.rank_cpu_s)
+    advancing = {t: cpu[t] > previous_cpu[t] for t in cpu if t in previous_cpu}
+    missing, zombie = list(tree.missing_ranks), list(tree.zombie_ranks)
+    ok = tree.main_alive and not missing and not zombie
+    if not tree.main_alive:
+        detail = "main process gone"
+    elif missing or zombie:
+        detail = f"ranks lost: missing {missing}, zombie {zombie}"
+    else:
+        detail = f"{len(cpu)} ranks alive"
+    values = {
+        "main_alive": tree.main_alive,
+        "missing": missing,
+        "zombie": zombie,
+        "cpu_s": {t: round(v, 2) for t, v in cpu.items()},
+        "cpu_advancing": advancing,
+    }
+    return Observation("ranks", now, ok, detail, 0.0, values)

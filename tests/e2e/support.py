@@ -1,0 +1,263 @@
+"""Run the daemon as an operator would (a subprocess with a config) against the simulator, and clean up."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def free_port_block(n: int) -> int:
+    """A port P with P..P+n-1 all free (the simulator also binds P+2 for its rank-0 rpc port)."""
+    for _ in range(50):
+        base = free_port()
+        if base + n < 65000 and all(_bindable(base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no free port block")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def q(text: str) -> str:
+    """A TOML string."""
+    return json.dumps(text)
+
+
+@dataclass
+class Deployment:
+    """A config on disk for one simulated server and the daemon process running it."""
+
+    root: Path
+    name: str = "sim"
+    model: str = "moonshotai/Kimi-K2.5"
+    tp: int = 2
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    restart: dict[str, float] = field(default_factory=dict)
+    probes: dict[str, Any] = field(default_factory=dict)
+    parsers: tuple[str | None, str | None] = ("kimi_k2", "kimi_k2")
+    token: str = "s3cret-token"
+    daemon: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        self.sim = self.root / "sim"
+        self.port = free_port_block(3)
+        self.http_port = free_port()
+        self.config_path = self.root / "config.toml"
+        self.write()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def sim_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def devices(self) -> list[Path]:
+        return [self.sim / "dev" / f"nvidia{g}" for g in range(self.tp)]
+
+    def write(self) -> None:
+        args = [
+            "--model-path",
+            self.model,
+            "--tp-size",
+            str(self.tp),
+            "--enable-metrics",
+            "--port",
+            str(self.port),
+        ]
+        if self.parsers[0]:
+            args += ["--tool-call-parser", self.parsers[0]]
+        if self.parsers[1]:
+            args += ["--reasoning-parser", self.parsers[1]]
+        args += self.extra_args
+        env = {
+            "SGLANG_SIM_STATE_DIR": str(self.sim),
+            "SGLANG_SIM_SHM_DIR": str(self.sim / "shm"),
+            "SGLANG_SIM_CONTROL": "1",
+            "SGLANG_SIM_STARTUP_S": "0.3",
+            "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+            "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
+            **self.env,
+        }
+        restart = {"initial_s": 0.2, "max_s": 2.0, **self.restart}
+        (self.root / "token").write_text(self.token + "\n")
+        lines = [
+            "[supervisor]",
+            f"state_dir = {q(str(self.root / 'state'))}",
+            f"log_dir = {q(str(self.root / 'log'))}",
+            f"shm_dir = {q(str(self.sim / 'shm'))}",
+            'gpu_backend = "sim"',
+            f"sim_state_dir = {q(str(self.sim))}",
+            "release_deadline_s = 15",
+            "[supervisor.http]",
+            'host = "127.0.0.1"',
+            f"port = {self.http_port}",
+            f"token_file = {q(str(self.root / 'token'))}",
+            "[supervisor.restart]",
+            *(f"{k} = {v}" for k, v in restart.items()),
+            "[[servers]]",
+            f"name = {q(self.name)}",
+            f"command = {json.dumps([sys.executable, '-m', 'simulator.launch_server'])}",
+            f"args = {json.dumps(args)}",
+            f"gpus = {list(range(self.tp))}",
+            f"gpu_device_paths = {json.dumps([str(d) for d in self.devices])}",
+            f"ports = [{self.port + 2}]",
+            "startup_budget_s = 120",
+            "startup_silence_s = 60",
+            "drain_grace_s = 10",
+            "[servers.env]",
+            *(f"{k} = {q(v)}" for k, v in env.items()),
+            "[servers.probes]",
+            *(f"{k} = {json.dumps(v)}" for k, v in self.probes.items()),
+        ]
+        self.config_path.write_text("\n".join(lines) + "\n")
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """Start `sglang-supervisor run --config` in its own session, logs to a file."""
+        log = open(self.root / "daemon.log", "ab")  # noqa: SIM115 - the child owns it
+        self.daemon = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.cli", "run", "--config", str(self.config_path)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return self.daemon
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url + "/status", timeout=5) as resp:
+            return dict(json.loads(resp.read()))
+
+    def server(self) -> dict[str, Any]:
+        return dict(self.status()["servers"][0])
+
+    def wait(
+        self, pred: Callable[[dict[str, Any]], bool], timeout: float = 60.0, what: str = ""
+    ) -> dict[str, Any]:
+        """Poll /status until `pred(server)` holds; fail with the last status and the daemon log."""
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError, urllib.error.URLError, IndexError, KeyError):
+                last = self.server()
+                if pred(last):
+                    return last
+            if self.daemon is not None and self.daemon.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}: {json.dumps(last)[:3000]}\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 60) -> str:
+        path = self.root / "daemon.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else ""
+
+    def sim_state(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.sim_url + "/sim/state", timeout=5) as resp:
+            return dict(json.loads(resp.read()))
+
+    def post(
+        self, path: str, body: dict[str, Any], token: str | None = None, base: str | None = None
+    ) -> tuple[int, Any]:
+        req = urllib.request.Request(
+            (base or self.url) + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                **({"Authorization": f"Bearer {token}"} if token else {}),
+            },
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+    def ours(self) -> list[psutil.Process]:
+        """Every live process carrying this deployment's server marker (any run)."""
+        found = []
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                env = proc.environ()
+                mine = env.get("SGLSUP_SERVER") == self.name and env.get("SGLANG_SIM_STATE_DIR") == str(
+                    self.sim
+                )
+                if mine and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+        return found
+
+    def cleanup(self) -> None:
+        """Kill the daemon and anything of ours still alive."""
+        if self.daemon is not None and self.daemon.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.daemon.pid, signal.SIGKILL)
+            self.daemon.wait(timeout=10)
+        for proc in self.ours():
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+
+@contextlib.contextmanager
+def deployment(root: Path, **kw: Any) -> Iterator[Deployment]:
+    """A deployment that is always cleaned up."""
+    dep = Deployment(root, **kw)
+    try:
+        yield dep
+    finally:
+        dep.cleanup()
+
+
+def holders(paths: list[Path]) -> set[int]:
+    """PIDs with any of `paths` open (a /proc scan)."""
+    targets = {str(p) for p in paths}
+    pids = set()
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if any(f.path in targets for f in proc.open_files()):
+                pids.add(proc.pid)
+    return pids
+
+
+def poll(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll to a deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out: {what}")
