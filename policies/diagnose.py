@@ -123,8 +123,9 @@ def _crash(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
         v = ranks.values
         if not v.get("main_alive", True):
             return _fault(kind, "the main process is gone", 0.95, ranks=dict(v))
-        if v.get("missing") or v.get("zombie"):
-            lost = [*v.get("missing", ()), *v.get("zombie", ())]
+        missing = [] if ctx.phase == "starting" else list(v.get("missing", ()))  # not all spawned yet
+        if missing or v.get("zombie"):
+            lost = [*missing, *v.get("zombie", ())]
             return _fault(
                 kind, f"ranks lost while the main process lives: {', '.join(lost)}", 0.9, ranks=dict(v)
             )

@@ -121,6 +121,7 @@ THINK_MARKERS: tuple[tuple[str, str], ...] = (
     ("<|open|>think<|sep|>", "kimi_k3"),
     ("<|close|>think<|sep|>", "kimi_k3"),
     ("<ifm|think", "k2_horizon"),
+    ("</ifm|think", "k2_horizon"),
 )
 # Shapes with no special token: Kimi call ids, a Gemma call body, bare llama3 JSON, a pythonic call list.
 _TOOL_SHAPES = (

@@ -231,15 +231,21 @@ async def tool_canary(
     """Non-stream then stream; a leak, a structural failure or a disagreement fails (probe `canary_tool`)."""
     start = time.monotonic()
     url = f"{base_url}/v1/chat/completions"
-    rid = f"canary-{int(time.time())}"
+    rid = f"canary-{time.time_ns()}"
     plain = await chat(
-        session, url, tool_body(model, city, settings.canary_max_tokens, False), settings.canary_timeout_s
+        session,
+        url,
+        tool_body(model, city, settings.canary_max_tokens, False, rid + "-0"),
+        settings.canary_timeout_s,
     )
     v_plain = judge_tool(plain, TOOL_NAME, city)
     if v_plain.verdict == FAIL or not v_plain.answered:
         return _observation("canary_tool", _prefixed(v_plain, "non-stream"), start, rid=rid)
     streamed = await chat(
-        session, url, tool_body(model, city, settings.canary_max_tokens, True), settings.canary_timeout_s
+        session,
+        url,
+        tool_body(model, city, settings.canary_max_tokens, True, rid + "-1"),
+        settings.canary_timeout_s,
     )
     v_stream = judge_tool(streamed, TOOL_NAME, city)
     return _observation("canary_tool", judge_pair(v_plain, v_stream), start, rid=rid)

@@ -54,7 +54,9 @@ class Engine:
         overlap: bool,
         speculative: bool,
         watchdog_timeout: float,
+        watchdog_label: str,
         decode_log_interval: int,
+        rank_pids: list[int],
     ) -> None:
         self.conns = conns
         self.leaders = leaders
@@ -65,6 +67,10 @@ class Engine:
         self.overlap = overlap
         self.speculative = speculative
         self.watchdog_timeout = watchdog_timeout
+        self.watchdog_label = (
+            watchdog_label  # "300" by default, "4.0" when the flag was given, as SGLang prints
+        )
+        self.rank_pids = rank_pids
         self.decode_log_interval = max(1, decode_log_interval)
         self.cond = threading.Condition()
         self.waiting: list[Req] = []
@@ -72,6 +78,8 @@ class Engine:
         self.parked = 0  # requests held outside the batch (PD transfer queue, post-restart hang)
         self.stopping = False
         self.last_receive_tstamp = 0.0
+        self.snapshot_at = time.time()  # the /v1/loads timestamp: refreshed by a live scheduler loop only
+        self.dead = False  # a rank's pipe broke: the scheduler side never answers again
         self.forward_ct = 0
         self.batch_active_since: float | None = None
         self.wedged: str = ""  # the fault that wedged the ranks
@@ -108,6 +116,11 @@ class Engine:
                 self.cond.notify_all()
 
     @property
+    def stalled(self) -> bool:
+        """True when scheduler round-trips never complete (wedged ranks or a dead rank)."""
+        return bool(self.wedged) or self.dead
+
+    @property
     def load(self) -> int:
         """Requests in the batch or waiting for it."""
         with self.cond:
@@ -117,8 +130,10 @@ class Engine:
         last_idle_log = time.monotonic()
         while True:
             with self.cond:
-                while not self.stopping and not self.waiting and not self.running:
+                while not self.stopping and (self.dead or (not self.waiting and not self.running)):
                     self.cond.wait(timeout=1.0)
+                    if not self.dead:
+                        self.snapshot_at = time.time()
                     if time.monotonic() - last_idle_log >= 30.0:
                         last_idle_log = time.monotonic()
                         self.metrics.idle_tick(self.parked)
@@ -134,6 +149,7 @@ class Engine:
         """The fault (if any) this step runs into, and the step duration."""
         concurrency = len([r for r in running if r.kind == "user"])
         longest = max((len(r.tokens) for r in running), default=0)
+        prompt = max((r.prompt_tokens for r in running if r.kind == "user"), default=0)
         user = concurrency > 0
         f = self.faults
         if user and self.tp_size >= 2 and self.overlap and f.check("overlap_tp_desync_hang"):
@@ -146,13 +162,13 @@ class Engine:
             return "spin:spec_decode_kernel_spin", self.step_s
         if user and f.check("dev_shm_crashloop"):
             return "oom", self.step_s
-        if user and f.check("runtime_cuda_oom_crash", concurrency=concurrency):
+        if user and f.check("runtime_cuda_oom_crash", concurrency=concurrency, prompt_tokens=prompt):
             return "oom", self.step_s
         if user and self.overlap and f.check("illegal_memory_access", concurrency=concurrency):
             return "ima", self.step_s
         if user and f.check("zombie_after_cpp_abort"):
             return "abort", self.step_s
-        if user and f.check("health_false_negative_long_prefill"):
+        if user and f.check("health_false_negative_long_prefill", prompt_tokens=prompt):
             fault = f.get("health_false_negative_long_prefill")
             duration = float(fault.params.get("duration_s", 60)) if fault else 60.0
             if self.long_prefill_until == 0.0:
@@ -164,12 +180,11 @@ class Engine:
     def _step(self, new: list[Req], running: list[Req]) -> None:
         mode, step_s = self._choose_mode(running)
         step = next(self._steps)
-        if new:
-            tokens = sum(r.prompt_tokens for r in new)
-            if step_s > self.step_s:
-                tokens = 8192
+        chunked = step_s > self.step_s  # a long prompt: every step is one prefill chunk
+        if new or chunked:
+            tokens = 8192 if chunked else sum(r.prompt_tokens for r in new)
             self.metrics.prefill(len(new), tokens, len(running), self.parked)
-            if any(r.kind != "health" for r in new):
+            if chunked or any(r.kind != "health" for r in new):
                 log(
                     f"Prefill batch, #new-seq: {len(new)}, #new-token: {tokens}, #cached-token: 0, token usage: "
                     f"{self.metrics.token_usage:.2f}, #running-req: {len(running) - len(new)}, #queue-req: 0, "
@@ -185,18 +200,20 @@ class Engine:
             self.health_busy_path = fault_name != "watchdog_disabled_silent_wedge"
         if kind == "spin":
             batch["ignore_sigterm"] = fault_name == "custom_allreduce_spin_sigterm_immune"
+            batch["kernel"] = "spec" if fault_name == "spec_decode_kernel_spin" else "allreduce"
         self.batch_active_since = time.monotonic()
-        for conn in self.conns:
-            try:
+        try:
+            for conn in self.conns:
                 conn.send(batch)
-            except (OSError, ValueError):
-                return
+        except (OSError, ValueError):
+            self.dead = True
+            return
         for leader in self.leaders:
             if not self._wait_done(leader):
                 return
         self.batch_active_since = None
         self.forward_ct += 1
-        self.last_receive_tstamp = time.time()
+        self.last_receive_tstamp = self.snapshot_at = time.time()
         self._emit(running)
 
     def _wait_done(self, leader: Connection) -> bool:
@@ -207,6 +224,7 @@ class Engine:
                     leader.recv()
                     return True
             except (EOFError, OSError):
+                self.dead = True
                 return False
             if self.health_busy_path and self.wedged:
                 self.last_receive_tstamp = time.time()
@@ -256,16 +274,18 @@ class Engine:
             if self.forward_ct != last_ct or self.batch_active_since is None:
                 last_ct, last_change = self.forward_ct, time.monotonic()
                 continue
-            if self.wedged == "watchdog_disabled_silent_wedge":
-                continue
+            if self.wedged == "watchdog_disabled_silent_wedge" or self.dead:
+                continue  # disabled by the flag / the rank whose watchdog would fire died with it
             if time.monotonic() - last_change >= self.watchdog_timeout:
                 prefix = "TP0" if self.tp_size > 1 else ""
                 log(f"Scheduler debug info: scheduler.cur_batch.batch_size()={len(self.running)}", prefix)
-                log(f"Pyspy dump for PID {os.getpid()}", prefix)
+                for pid in self.rank_pids:
+                    log(f"Pyspy dump for PID {pid}", prefix)
                 log(
-                    f"Scheduler watchdog timeout (self.watchdog_timeout={self.watchdog_timeout}, self.soft=False)",
+                    f"Scheduler watchdog timeout (self.watchdog_timeout={self.watchdog_label}, self.soft=False)",
                     prefix,
                 )
+                time.sleep(5)
                 os.kill(os.getpid(), signal.SIGQUIT)
                 return
 

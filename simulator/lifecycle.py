@@ -24,10 +24,11 @@ from aiohttp import web
 from simulator import gpus
 from simulator.cli import SimServerArgs
 from simulator.engine import Engine
-from simulator.faults import FaultBook, ScenarioError
+from simulator.families import detect_family
+from simulator.faults import FaultBook, ScenarioError, flag_present
 from simulator.logs import log, rank_prefix, scheduler_title, uvicorn
 from simulator.ranks import RankSpec, detokenizer_main, dp_controller_main, scheduler_main
-from simulator.server import ServerState, SimServer
+from simulator.server import IDENTITY, ServerState, SimServer
 from simulator.sim_metrics import SimMetrics
 
 SHM_PATTERNS = ("sgl_shm_*", "psm_*", "sem.mp-*")
@@ -108,6 +109,7 @@ class Launch:
         env = tuple((k, v) for k, v in os.environ.items() if k.startswith(("SGLSUP_", "SGLANG_")))
         step_s = float(os.environ.get("SGLANG_SIM_STEP_S", "0.01"))
         mem = float(args.mem_fraction_static or 0.88)
+        family = detect_family(args.model_path, os.environ.get("SGLANG_SIM_MODEL_FAMILY") or None)
         jobs: list[tuple[RankSpec, Connection, Any]] = []
         tp, dp = max(1, args.tp_size), max(1, args.dp_size)
         for d in range(dp):
@@ -126,6 +128,7 @@ class Launch:
                     step_s=step_s,
                     mem_fraction=mem,
                     rpc_port=args.port + 2 + d,
+                    architecture=IDENTITY[family][1],
                     detach=detach,
                     startup_crash=startup_crash,
                     env=env,
@@ -226,13 +229,20 @@ class Launch:
                 samples.append(gpus.sample(gpu, load, self.rng))
             with contextlib.suppress(OSError):
                 gpus.publish(samples, xids)
-            time.sleep(1.0)
+            time.sleep(1.0 if self.ready else 0.2)
 
     def publish_stopped(self) -> None:
         """A clean exit frees the GPUs."""
         load = gpus.GpuLoad("stopped", 0.0, 0.0, [])
         with contextlib.suppress(OSError):
             gpus.publish([gpus.sample(g, load, self.rng) for g in self.gpus])
+
+
+def _is_scheduler(proc: psutil.Process) -> bool:
+    try:
+        return " ".join(proc.cmdline()).startswith("sglang::scheduler")
+    except psutil.Error:
+        return False
 
 
 def _engine_type(args: SimServerArgs) -> str:
@@ -266,7 +276,7 @@ def run(args: SimServerArgs) -> NoReturn:
 
 def _launch_sigquit(signum: int, frame: FrameType | None) -> None:
     log("Received sigquit from a child process. It usually means the child failed.")
-    kill_tree(include_parent=False, exit_code=1)
+    kill_tree(include_parent=True)
 
 
 async def serve(launch: Launch) -> None:
@@ -283,7 +293,11 @@ async def serve(launch: Launch) -> None:
         overlap=not args.disable_overlap_schedule,
         speculative=bool(args.speculative_algorithm),
         watchdog_timeout=float(args.watchdog_timeout),
+        watchdog_label=str(args.watchdog_timeout)
+        if flag_present(args.argv, "--watchdog-timeout")
+        else f"{args.watchdog_timeout:g}",
         decode_log_interval=int(args.decode_log_interval),
+        rank_pids=list(launch.rank_pids.values()),
     )
     launch.engine = engine
     engine.start()
@@ -329,6 +343,7 @@ async def warmup(launch: Launch, server: SimServer) -> None:
                     if resp.status == 200:
                         break
             await asyncio.sleep(1)
+        await asyncio.sleep(float(os.environ.get("SGLANG_SIM_WARMUP_S", "0")))  # a slow first forward
         body: dict[str, Any] = {
             "text": "The capital city of France is",
             "sampling_params": {"temperature": 0, "max_new_tokens": 8},
@@ -378,9 +393,7 @@ class Crash:
             leak_shm()
 
     def sigterm(self) -> None:
-        """Drain then exit — unless the ranks spin in a SIGTERM-immune custom all-reduce."""
-        if self.launch.faults.fired("custom_allreduce_spin_sigterm_immune"):
-            return
+        """Drain (no deadline: wedged requests keep it draining forever), then exit."""
         if self.launch.state.gracefully_exit:
             return
         log(f"SIGTERM received. signum={signal.SIGTERM} frame=None. Draining requests and shutting down...")
@@ -421,7 +434,7 @@ class Crash:
         log(f"SIGQUIT received. signum={signal.SIGQUIT}, frame=None. It usually means one child failed.")
         self._crash_dump()
         self._leak_if_armed()
-        kill_tree(include_parent=False, exit_code=0)
+        kill_tree(include_parent=True)
 
     def _crash_dump(self) -> None:
         def enabled(name: str) -> bool:
@@ -435,6 +448,12 @@ class Crash:
             return
         log("Sleeping 5 seconds before crash diagnostics to let GPU activity settle.")
         time.sleep(5)
+        live = [p for p in psutil.Process().children(recursive=True) if _is_scheduler(p)]
+        if not live:
+            log("No live scheduler processes found; skipping py-spy and CUDA coredump.")
+            return
+        for proc in live if pyspy else []:
+            log(f"Pyspy dump for PID {proc.pid}")
         if coredump:
             wait = float(os.environ.get("SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS", "60"))
             log(f"Waiting {wait} seconds for CUDA coredumps before exiting.")

@@ -39,6 +39,7 @@ class PdSide:
         self.rooms: set[str] = set()
         self.worker_dead = False
         self.known_prefill: dict[str, str] = {}
+        self.prefill_lost = False  # decode: the prefill it knows was replaced behind the same address
         self.waiting_timeout = float(os.environ.get("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "300"))
 
     def bootstrap_app(self) -> web.Application:
@@ -122,8 +123,8 @@ class PdSide:
         instance = str(data.get("instance", "")) if isinstance(data, dict) else ""
         known = self.known_prefill.setdefault(addr, instance)
         if known != instance:
-            if not self.known_prefill.get(addr + "#warned"):
-                self.known_prefill[addr + "#warned"] = "1"
+            if not self.prefill_lost:
+                self.prefill_lost = True
                 log(f"Could not fetch prefill parallel info from {addr}")
             return False
         return resp.status == 200

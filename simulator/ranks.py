@@ -42,6 +42,7 @@ class RankSpec:
     step_s: float
     mem_fraction: float
     rpc_port: int
+    architecture: str
     detach: bool  # orphans_hold_gpu_and_ports: setsid and no parent-death signal
     startup_crash: str  # "" | "sigbus" | "port_in_use"
     env: tuple[tuple[str, str], ...]
@@ -76,6 +77,13 @@ def custom_all_reduce() -> None:
         time.sleep(0.005)
 
 
+def tree_speculative_sampling_target_only() -> None:
+    """The speculative-decoding verify kernel of #35822, spinning on the GPU forever."""
+    accepted = 0
+    while accepted == 0:
+        time.sleep(0.005)
+
+
 def forward(step_s: float) -> int:
     """One forward pass: a little real arithmetic, then the rest of the step time."""
     acc = 0
@@ -96,6 +104,8 @@ def run_batch(spec: RankSpec, group: tuple[Barrier, Barrier], batch: dict[str, A
     if mode == "spin":
         if batch.get("ignore_sigterm"):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if batch.get("kernel") == "spec":
+            tree_speculative_sampling_target_only()
         custom_all_reduce()
     if mode in ("oom", "ima", "abort") and spec.tp_rank == 0:
         crash(spec, mode)
@@ -179,7 +189,7 @@ def load_model(spec: RankSpec, conn: Connection) -> None:
             )
     if spec.tp_rank == 0:
         log(
-            "Load weight end. elapsed=4.21 s, type=DeepseekV3ForCausalLM, avail mem=62.31 GB, mem usage=76.11 GB.",
+            f"Load weight end. elapsed=4.21 s, type={spec.architecture}, avail mem=62.31 GB, mem usage=76.11 GB.",
             p,
         )
         log("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1048576, KV size: 58.21 GB", p)
@@ -211,9 +221,6 @@ def event_loop(spec: RankSpec, conn: Connection, group: tuple[Barrier, Barrier])
         op = batch.get("op")
         if op == "shutdown":
             return
-        if op == "ignore_sigterm":
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            continue
         if op == "step":
             run_batch(spec, group, batch)
             if spec.tp_rank == 0:
@@ -231,8 +238,6 @@ def detokenizer_main(conn: Connection) -> None:
             return
         if msg.get("op") == "shutdown":
             return
-        if msg.get("op") == "ignore_sigterm":
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def dp_controller_main(jobs: list[tuple[RankSpec, Connection, tuple[Barrier, Barrier]]]) -> None:

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +26,18 @@ from simulator.parsing import StreamParser, chunk_tokens, parse_complete
 from simulator.sim_metrics import SimMetrics
 
 MAX_BODY = 32 * 1024 * 1024
+CONTEXT_LEN = 131072
+MAX_TOTAL_TOKENS = 1048576
+# family -> (config model_type, architecture) of its flagship checkpoint
+IDENTITY: dict[str, tuple[str, str]] = {
+    "kimi_k2": ("kimi_k2", "DeepseekV3ForCausalLM"),
+    "deepseekv3": ("deepseek_v3", "DeepseekV3ForCausalLM"),
+    "deepseekv31": ("deepseek_v3", "DeepseekV3ForCausalLM"),
+    "qwen25": ("qwen3", "Qwen3ForCausalLM"),
+    "glm45": ("glm4_moe", "Glm4MoeForCausalLM"),
+    "glm47": ("glm4_moe", "Glm4MoeForCausalLM"),
+    "hermes": ("llama", "LlamaForCausalLM"),
+}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -78,6 +91,7 @@ class SimServer:
         self.rng = random.Random(self.seed)
         self.served = 0
         self.streams = 0
+        self.context_len = int(args.context_length or CONTEXT_LEN)
         self.pd = pd.PdSide(args, metrics, engine, faults)
 
     def app(self) -> web.Application:
@@ -121,6 +135,9 @@ class SimServer:
         except web.HTTPRequestEntityTooLarge:
             status = 413
             return error(413, f"Request body too large (limit {MAX_BODY} bytes)", "RequestEntityTooLarge")
+        except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
+            status = exc.status
+            return web.json_response({"detail": exc.reason}, status=status)  # FastAPI's body
         except web.HTTPException as exc:
             status = exc.status
             raise
@@ -134,6 +151,8 @@ class SimServer:
             return web.Response(status=503)
         if self.state.status == "Starting":
             return web.Response(status=503)
+        if self.pd.prefill_lost and self.faults.get("prefill_replaced_decode_stale"):
+            return web.Response(status=503)  # the #12779 variant: a replaced prefill fails decode's health
         if not self.health_generation and request.path == "/health":
             return web.Response(status=200)
         tic = time.time()
@@ -177,6 +196,7 @@ class SimServer:
             log(
                 "Endpoint '/get_model_info' is deprecated and will be removed in a future version. Please use '/model_info' instead."
             )
+        model_type, architecture = IDENTITY[self.family]
         return web.json_response(
             {
                 "model_path": self.args.model_path,
@@ -186,22 +206,22 @@ class SimServer:
                 "weight_version": "default",
                 "has_image_understanding": False,
                 "has_audio_understanding": False,
-                "model_type": self.family,
-                "architectures": ["DeepseekV3ForCausalLM"],
+                "model_type": model_type,
+                "architectures": [architecture],
             }
         )
 
     async def server_info(self, request: web.Request) -> web.Response:
         """server_args plus scheduler state; needs a scheduler round-trip, so it hangs while the ranks are wedged."""
-        while self.engine.wedged:
+        while self.engine.stalled:
             await asyncio.sleep(1)
         info: dict[str, Any] = dict(self.args.server_info())
         info.update(
             {
                 "scheduler_info": {
                     "status": "ready",
-                    "max_total_num_tokens": 1048576,
-                    "max_req_input_len": 131066,
+                    "max_total_num_tokens": MAX_TOTAL_TOKENS,
+                    "max_req_input_len": self.context_len - 6,
                 },
                 "internal_states": [{"last_gen_throughput": self.metrics.gauges["gen_throughput"]}],
                 "version": "0.5.23",
@@ -221,7 +241,7 @@ class SimServer:
             "owned_by": "sglang",
             "root": self.args.served_name,
             "parent": None,
-            "max_model_len": 131072,
+            "max_model_len": self.context_len,
         }
 
     async def model(self, request: web.Request) -> web.Response:
@@ -234,24 +254,48 @@ class SimServer:
         return web.json_response(self._model_card())
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        """Flushes only when idle (the message says so either way)."""
-        if self.engine.wedged:
-            await asyncio.Event().wait()
+        """Flushes only when idle: 200 "Cache flushed.", else 400 "Cache not flushed."; hangs with the scheduler."""
+        while self.engine.stalled:
+            await asyncio.sleep(1)
+        busy = self.engine.load > 0
         return web.Response(
-            text="Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
-            "requests, the operation will not be performed.)\n"
+            status=400 if busy else 200,
+            text=f"Cache {'not flushed' if busy else 'flushed'}.\nPlease check backend logs for more details. "
+            "(When there are running or waiting requests, the operation will not be performed.)\n",
         )
 
     async def loads(self, request: web.Request) -> web.Response:
-        """The shared-memory load snapshot; its timestamp freezes with the scheduler."""
+        """The shared-memory load snapshot of each DP rank; its `timestamp` freezes with the scheduler."""
+        g = self.metrics.gauges
+        running, waiting = int(g["num_running_reqs"]), int(g["num_queue_reqs"])
+        load = {
+            "timestamp": self.engine.snapshot_at,
+            "dp_rank": 0,
+            "num_running_reqs": running,
+            "num_waiting_reqs": waiting,
+            "num_total_reqs": running + waiting,
+            "num_used_tokens": int(g["num_used_tokens"]),
+            "num_total_tokens": MAX_TOTAL_TOKENS,
+            "max_total_num_tokens": MAX_TOTAL_TOKENS,
+            "max_running_requests": 512,
+            "token_usage": g["token_usage"],
+            "gen_throughput": g["gen_throughput"],
+            "cache_hit_rate": g["cache_hit_rate"],
+            "utilization": g["token_usage"],
+        }
         return web.json_response(
             {
-                "timestamp": self.engine.last_receive_tstamp,
-                "dp_rank": 0,
-                "num_running_reqs": self.metrics.gauges["num_running_reqs"],
-                "num_waiting_reqs": self.metrics.gauges["num_queue_reqs"],
-                "token_usage": self.metrics.gauges["token_usage"],
-                "gen_throughput": self.metrics.gauges["gen_throughput"],
+                "timestamp": datetime.now(UTC).isoformat(),
+                "version": "0.5.23",
+                "dp_rank_count": 1,
+                "loads": [load],
+                "aggregate": {
+                    "total_running_reqs": running,
+                    "total_waiting_reqs": waiting,
+                    "total_reqs": running + waiting,
+                    "avg_token_usage": g["token_usage"],
+                    "avg_throughput": g["gen_throughput"],
+                },
             }
         )
 
@@ -269,6 +313,12 @@ class SimServer:
             raise
         except (ValueError, UnicodeDecodeError) as exc:
             return error(400, f"Invalid JSON body: {exc}")
+
+    def _too_long(self, prompt_tokens: int) -> str:
+        """SGLang's context-length check of the tokenized input ("" when it fits)."""
+        if prompt_tokens < self.context_len:
+            return ""
+        return f"The input ({prompt_tokens} tokens) is longer than the model's context length ({self.context_len} tokens)."
 
     def _admit(self) -> bool:
         """Count a user request; False when restart_same_port_hang makes it hang."""
@@ -298,7 +348,9 @@ class SimServer:
         if isinstance(body, web.Response):
             return body
         if not isinstance(body, dict) or not ("text" in body or "input_ids" in body):
-            return error(400, "Either text or input_ids should be provided.")
+            return web.json_response(
+                {"error": {"message": "Either text or input_ids should be provided."}}, status=400
+            )
         params = body.get("sampling_params") or {}
         max_new = int(params.get("max_new_tokens", 128)) if isinstance(params, dict) else 128
         prompt = (
@@ -306,12 +358,19 @@ class SimServer:
             if isinstance(body.get("text"), str)
             else " ".join(map(str, body.get("input_ids", [])))
         )
+        too_long = self._too_long(max(1, len(str(prompt)) // 4))
+        if too_long:
+            return web.json_response({"error": {"message": too_long}}, status=400)
         gate = await self.pd.gate(body)
         if gate is not None:
             return gate
         if not self._admit():
             await asyncio.Event().wait()
         tokens = generate_text(str(prompt), max(1, max_new), self.seed)
+        if isinstance(params, dict) and params.get("ignore_eos"):
+            tokens = (tokens * (max_new // len(tokens) + 1))[
+                : max(1, max_new)
+            ]  # no EOS: exactly max_new_tokens
         queue = self._submit(tokens, max(1, len(str(prompt)) // 4), "length")
         out: list[str] = []
         reason = "length"
@@ -355,13 +414,16 @@ class SimServer:
         parsed = parse_chat_request(body, self.args.served_name)
         if isinstance(parsed, ApiError):
             return web.json_response(parsed.body, status=parsed.status)
+        prompt_tokens = max(1, len(json.dumps(body.get("messages", []))) // 4)
+        too_long = self._too_long(prompt_tokens)
+        if too_long:
+            return error(400, too_long)
         gate = await self.pd.gate(body)
         if gate is not None:
             return gate
         if not self._admit():
             await asyncio.Event().wait()
         tokens, raw_finish = generate_chat(self.family, self.args.model_path, parsed, self.seed)
-        prompt_tokens = max(1, len(json.dumps(body.get("messages", []))) // 4)
         queue = self._submit(tokens, prompt_tokens, raw_finish)
         cid, created, model = f"{uuid.uuid4().hex}", int(time.time()), self.args.served_name
         if body.get("stream"):

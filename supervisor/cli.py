@@ -1,4 +1,4 @@
-"""`sglang-supervisor`: run, check-config, status, restart|pause|resume, demo."""
+"""`sglang-supervisor`: run, check-config, status, restart|pause|resume, demo, drill."""
 
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--scenario", help="a simulator fault scenario (e.g. overlap_tp_desync_hang)")
     demo.add_argument("--print-config", action="store_true", help="print the config it would run and exit")
     demo.add_argument("--port", type=int, default=9400, help="status port (a free one if busy)")
+    drill = sub.add_parser("drill", help="on-call training: inject a fault into a simulated server and narrate")
+    drill.add_argument("scenario", help="a simulator fault scenario (e.g. overlap_tp_desync_hang)")
+    drill.add_argument("--timeout", type=float, default=180.0, help="give up after this many seconds")
     return p
 
 
@@ -55,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_status(args.url, args.json, args.watch)
     if args.cmd in ("restart", "pause", "resume"):
         return cmd_control(args.cmd, args.url, args.server, args.reason, args.token_file)
+    if args.cmd == "drill":
+        from supervisor.drill import run_drill
+
+        return run_drill(args.scenario, args.timeout)
     return cmd_demo(args.scenario, args.print_config, args.port)
 
 

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from policies.pd import Role
 from policies.plan import Plan
 from policies.states import ServerState
 from supervisor.alerts import AlertDispatcher
-from supervisor.config import Config, Role
+from supervisor.config import Config
 from supervisor.forensics import capture
 from supervisor.gpu import GpuBackend
 from supervisor.incident import Incident

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import structlog
 
-from policies.pd import Role as PdRole
 from policies.pd import start_order
 from policies.states import ServerState, worst
 from supervisor import sdnotify
@@ -48,7 +47,7 @@ class Daemon:
             build_dispatcher(config.alerts, self.metrics),
             self._state_changed,
         )
-        roles = {s.name: PdRole(s.role.value) for s in config.servers}
+        roles = {s.name: s.role for s in config.servers}
         order = start_order(roles, {s.name: list(s.depends_on) for s in config.servers})
         self.runtimes = [ServerRuntime(config.server(name), self.ctx) for name in order]
         self.ctx.runtimes = {rt.name: rt for rt in self.runtimes}

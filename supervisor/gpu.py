@@ -51,6 +51,20 @@ class GpuSample:
     memory_total_mib: float
     pids: tuple[int, ...]
     xid_events: tuple[XidEvent, ...] = ()
+    power_limit_w: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The nvml.json-shaped dict the probes read."""
+        return {
+            "index": self.index,
+            "utilization_gpu": self.utilization_pct,
+            "power_w": self.power_w,
+            "power_limit_w": self.power_limit_w,
+            "memory_used_mib": self.memory_used_mib,
+            "memory_total_mib": self.memory_total_mib,
+            "pids": list(self.pids),
+            "xid_events": [{"xid": x.xid, "at": x.at} for x in self.xid_events],
+        }
 
 
 @dataclass(frozen=True)
@@ -183,19 +197,15 @@ class SimBackend:
         self.path = Path(state_dir) / "nvml.json"
 
     def snapshot(self, gpus: Sequence[int]) -> list[GpuSample]:
+        if not self.path.exists():
+            return [_sim_sample(index, {}) for index in gpus]  # nothing ever ran on these stand-in GPUs
         try:
             with open(self.path, "rb") as fh:
                 data = json.loads(fh.read(_NVML_JSON_LIMIT))
             entries = {int(g["index"]): g for g in data["gpus"]}
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise GpuBackendUnavailable(f"gpu backend 'sim': cannot read {self.path}: {exc}") from exc
-        samples = []
-        for index in gpus:
-            entry = entries.get(index)
-            if entry is None:
-                raise GpuBackendUnavailable(f"gpu backend 'sim': GPU {index} not in {self.path}")
-            samples.append(_sim_sample(index, entry))
-        return samples
+        return [_sim_sample(index, entries.get(index, {})) for index in gpus]
 
 
 class NvmlBackend:
@@ -238,6 +248,7 @@ class NvmlBackend:
                         memory_total_mib=memory.total / 2**20,
                         pids=tuple(sorted(int(p.pid) for p in procs)),
                         xid_events=tuple(self._xids.get(index, ())),
+                        power_limit_w=nv.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0,
                     )
                 )
             except nv.NVMLError as exc:
@@ -339,6 +350,7 @@ def _sim_sample(index: int, entry: dict[str, Any]) -> GpuSample:
         memory_total_mib=float(entry.get("memory_total_mib", 0.0)),
         pids=live,
         xid_events=xids,
+        power_limit_w=float(entry.get("power_limit_w", 0.0)),
     )
 
 

@@ -19,8 +19,8 @@ import structlog
 
 from policies.backoff import decide_restart, is_stable
 from policies.ladders import PastIncident, ladder_key
-from policies.plan import PARSER_KEY, Plan, build_argv, parser_ladder, plan_recovery
 from policies.parsers_table import ExpectedParsers
+from policies.plan import PARSER_KEY, Plan, build_argv, parser_ladder, plan_recovery
 from policies.states import FaultKind, ServerState, check_transition
 from supervisor import launcher, proctree
 from supervisor.config import ServerConfig

@@ -76,6 +76,7 @@ class Watcher:
         self.monitor: Monitor | None = None
         self.alerted_degraded = False
         self.paused_fault: str = ""
+        self.seen_ranks: set[str] = set()
 
     def base_url(self) -> str:
         """Where the server listens (loopback when it binds all interfaces)."""
@@ -110,7 +111,7 @@ class Watcher:
 
     def _gpu_dicts(self) -> list[dict[str, Any]]:
         samples = self.rt.ctx.gpu_backend.snapshot(list(self.rt.cfg.gpus))
-        return [s.to_json() if hasattr(s, "to_json") else dict(vars(s)) for s in samples]
+        return [s.to_json() for s in samples]
 
     def _new_lines(self) -> list[str]:
         launched = self.rt.launched
@@ -160,6 +161,7 @@ class Watcher:
             self.monitor = self._new_monitor()
         monitor = self.monitor
         self.tree, self.cursor, self.alerted_degraded, self.paused_fault = None, 0, False, ""
+        self.seen_ranks = set()
         monitor.reset(time.monotonic())
         launched = rt.launched
         assert launched is not None
@@ -186,6 +188,10 @@ class Watcher:
             await asyncio.sleep(tick)
 
     def _tree_fault(self, events: list[proctree.TreeEvent], monitor: Monitor, now: float) -> Outcome | None:
+        if self.tree is not None:
+            self.seen_ranks |= {r.title for r in self.tree.ranks if r.status == "running"}
+        # a rank counts as lost only once it had appeared: during a load the ranks are still being spawned
+        events = [e for e in events if e.kind != "rank_lost" or e.title in self.seen_ranks]
         if not events:
             return None
         launched = self.rt.launched
@@ -212,8 +218,15 @@ class Watcher:
         rt = self.rt
         if rt.state is S.STARTING:
             view = monitor.startup(now)
-            if view.failed is not None:
-                return Outcome(view.failed.kind, view.failed.reason, dict(view.failed.evidence))
+            if view.failed:
+                fault = monitor.diagnose(now, "starting")
+                if fault is not None and fault.kind == FaultKind.PARSER_MISCONFIG:
+                    return Outcome(fault.kind, fault.reason, dict(fault.evidence))
+                return Outcome(
+                    FaultKind.PARSER_MISCONFIG.value,
+                    "the parser canary failed",
+                    {"probes": monitor.snapshot()},
+                )
             if view.stalled or view.over_budget:
                 why = "startup budget exceeded" if view.over_budget else "logs silent during startup"
                 return Outcome(

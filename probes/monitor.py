@@ -1,0 +1,324 @@
+"""One Monitor per supervised server: the probe schedule, the observation window, startup and diagnosis views.
+
+`tick(now)` never blocks for long: HTTP probes and py-spy run as tasks, at most one in flight per kind, and their
+observations are collected on a later tick. Cheap local probes (logs, ranks, GPU) run inline at most once a
+second. With the default settings the HTTP probes send about 0.3 requests/s on average (/health every 10 s,
+/metrics every 5 s, two chat completions and /server_info every 5 min, 16 streams every 30 min).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from policies.diagnose import DiagnoseContext, Fault, diagnose
+from policies.leaks import FAIL, INCONCLUSIVE, PASS
+from probes.base import Observation, TreeView
+from probes.canary import config_check, reasoning_canary, tool_canary
+from probes.gpu_probe import GpuWatch
+from probes.health import probe_health
+from probes.logwatch import LogWatch
+from probes.progress import ProgressTracker, scrape_metrics
+from probes.settings import ProbeSettings
+from probes.stacks import observe_ranks, probe_stacks
+from probes.stream_canary import stream_canary
+
+LOCAL_PERIOD_S = 1.0
+CANARY_RETRY_S = 15.0
+STARTUP_HEALTH_PERIOD_S = 2.0
+_PARSER_PROBES = ("config_check", "canary_tool", "canary_reasoning")
+
+
+@dataclass(frozen=True)
+class StartupView:
+    """How the current launch is getting on."""
+
+    health_ok: bool
+    canary_ok: bool
+    progress: str | None  # the last startup progress line (shard %, graph capture, JIT ...)
+    stalled: bool  # no progress line for startup_silence_s
+    over_budget: bool  # the startup budget (extended by progress) is spent
+    failed: bool  # a definitive canary / config failure: parser_misconfig
+
+
+class Monitor:
+    """Owns the probes of one server and the window of what they saw."""
+
+    def __init__(
+        self,
+        *,
+        server: str,
+        role: str,
+        base_url: str,
+        model: str,
+        settings: ProbeSettings,
+        tree: Callable[[], TreeView],
+        gpu: Callable[[], list[dict[str, Any]]] | None,
+        log_lines: Callable[[], list[str]],
+        pids_for_stacks: Callable[[], dict[int, str]],
+        router_url: str | None = None,
+    ) -> None:
+        self.server, self.role, self.model, self.settings = server, role, model, settings
+        self.base_url = base_url.rstrip("/")
+        self.canary_url = (router_url or self.base_url).rstrip("/") if role == "decode" else self.base_url
+        self._tree, self._gpu_read, self._log_lines, self._pids = tree, gpu, log_lines, pids_for_stacks
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: dict[str, asyncio.Task[Observation]] = {}
+        self._window: deque[Observation] = deque(maxlen=4000)
+        self._latest: dict[str, Observation] = {}
+        self._logs, self._gpu, self._progress = LogWatch(), GpuWatch(), ProgressTracker(role)
+        self.reset(time.monotonic())
+
+    def reset(self, now: float) -> None:
+        """A new launch begins: clear the window, phase starting, every probe due now except the canaries."""
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks = {}
+        self._window.clear()
+        self._latest = {}
+        self.started_at = now
+        self._due: dict[str, float] = {"health": now, "progress": now, "local": now, "logs_quiet": now}
+        self._canary_history: deque[str] = deque(maxlen=3)
+        self._armed: set[str] = set()  # canaries scheduled at least once this launch
+        self._pending: list[Observation] = []  # recorded by a running task, returned by the next tick
+        self._cpu: dict[str, float] = {}
+        self._stacks_for: float | None = None
+        self._gpu_busy_at: float | None = None
+        self._logs.reset(now)
+        self._progress.reset(now)
+
+    async def tick(self, now: float) -> list[Observation]:
+        """Collect finished probes, run the cheap local ones, start what is due; returns new observations."""
+        new = self._collect(now)
+        new += self._local(now)
+        self._start_due(now)
+        for obs in new:
+            self._record(obs)
+        self._prune(now)
+        return new
+
+    def startup(self, now: float) -> StartupView:
+        """The startup view of this launch (see StartupView)."""
+        s = self.settings
+        health = self._latest.get("health")
+        last = max(self.started_at, self._logs.last_progress_at or self.started_at)
+        wanted = ["canary_tool"] + (["canary_reasoning"] if s.expected_reasoning_parser else [])
+        canary_ok = all(self._verdict(p) == PASS for p in wanted) and self._verdict("config_check") != FAIL
+        return StartupView(
+            health_ok=bool(health and health.ok),
+            canary_ok=canary_ok,
+            progress=self._logs.progress_line,
+            stalled=now - last >= s.startup_silence_s,
+            over_budget=now >= max(self.started_at + s.startup_budget_s, last + s.startup_silence_s),
+            failed=any(self._verdict(p) == FAIL for p in _PARSER_PROBES),
+        )
+
+    def diagnose(self, now: float, phase: str) -> Fault | None:
+        """The fault the window shows now, or None (policies.diagnose)."""
+        ctx = DiagnoseContext(phase, self.role, self.started_at, self.settings)
+        return diagnose(list(self._window), ctx, now)
+
+    async def aclose(self) -> None:
+        """Cancel the probes in flight and close the HTTP session."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = {}
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def snapshot(self) -> dict[str, Any]:
+        """The last observation of each probe, JSON-ready (for /status)."""
+        probes = {
+            name: {
+                "at": obs.at,
+                "ok": obs.ok,
+                "detail": obs.detail,
+                "latency_s": obs.latency_s,
+                "values": dict(obs.values),
+            }
+            for name, obs in sorted(self._latest.items())
+        }
+        return {
+            "server": self.server,
+            "role": self.role,
+            "started_at": self.started_at,
+            "in_flight": sorted(self._tasks),
+            "probes": probes,
+        }
+
+    # ---- internals
+
+    def _verdict(self, probe: str) -> str | None:
+        obs = self._latest.get(probe)
+        return str(obs.values.get("verdict")) if obs is not None else None
+
+    def _record(self, obs: Observation) -> None:
+        self._window.append(obs)
+        self._latest[obs.probe] = obs
+
+    def _prune(self, now: float) -> None:
+        s = self.settings
+        keep_s = max(s.unresponsive_after_s, s.startup_silence_s, 3 * s.stall_after_s) + 60.0
+        while self._window and self._window[0].at < now - keep_s:
+            self._window.popleft()
+        present = {id(o) for o in self._window}
+        missing = [o for o in self._latest.values() if id(o) not in present]
+        self._window.extendleft(sorted(missing, key=lambda o: o.at, reverse=True))
+
+    def _collect(self, now: float) -> list[Observation]:
+        done, self._pending = self._pending, []
+        for kind, task in list(self._tasks.items()):
+            if not task.done():
+                continue
+            del self._tasks[kind]
+            try:
+                obs = task.result()
+            except (asyncio.CancelledError, Exception) as exc:  # a probe never raises into the loop
+                obs = Observation(kind, now, False, f"probe error: {type(exc).__name__}: {exc}"[:200])
+            done.append(self._after(kind, obs, now))
+        return done
+
+    def _after(self, kind: str, obs: Observation, now: float) -> Observation:
+        """Follow-ups of a finished probe: canary retries and the 2-of-3 soft verdict, the first canary."""
+        s = self.settings
+        if kind == "health" and obs.ok and "canary_tool" not in self._armed:
+            self._armed.add("canary_tool")
+            self._due["canary_tool"] = now
+        if kind == "canary_tool":
+            verdict = str(obs.values.get("verdict"))
+            self._canary_history.append(verdict)
+            retry = verdict == INCONCLUSIVE
+            self._due["canary_tool"] = now + (
+                min(s.canary_period_s, CANARY_RETRY_S) if retry else s.canary_period_s
+            )
+            soft = retry and sum(v == INCONCLUSIVE for v in self._canary_history) >= 2
+            obs = dataclasses.replace(obs, values={**obs.values, "soft_fail": soft})
+            if verdict == PASS and "canary_stream" not in self._armed:
+                self._armed.add("canary_stream")
+                self._due["canary_stream"] = now + min(s.stream_canary_period_s, s.canary_period_s)
+        if kind == "canary_stream":
+            self._due["canary_stream"] = now + s.stream_canary_period_s
+        return obs
+
+    def _local(self, now: float) -> list[Observation]:
+        if now < self._due["local"]:
+            return []
+        self._due["local"] = now + LOCAL_PERIOD_S
+        out: list[Observation] = []
+        lines = self._safe(self._log_lines, [])
+        if lines or now >= self._due["logs_quiet"]:
+            self._due["logs_quiet"] = now + self.settings.metrics_period_s
+            out.append(self._logs.observe(lines, now))
+        tree = self._safe(self._tree, None)
+        if tree is not None:
+            ranks = observe_ranks(tree, self._cpu, now)
+            self._cpu = dict(ranks.values["cpu_s"])
+            out.append(ranks)
+        if self._gpu_read is not None:
+            gpu = self._gpu.observe(self._gpu_read, now)
+            if gpu.values.get("busy"):
+                self._gpu_busy_at = now
+            out.append(gpu)
+        return out
+
+    @staticmethod
+    def _safe(fn: Callable[[], Any], default: Any) -> Any:
+        try:
+            return fn()
+        except Exception:  # the launcher's callbacks must not break the loop
+            return default
+
+    def _start_due(self, now: float) -> None:
+        s = self.settings
+        # Until the first 200 the port is closed or warming up: refusals and 503s are cheap, probe more often.
+        first = "canary_tool" not in self._armed
+        self._launch(
+            "health",
+            now,
+            min(s.health_period_s, STARTUP_HEALTH_PERIOD_S) if first else s.health_period_s,
+            lambda session: probe_health(session, self.base_url, s.health_timeout_s),
+        )
+        self._launch("progress", now, s.metrics_period_s, self._scrape)
+        if self._launch("canary_tool", now, None, self._canaries):
+            self._due.pop("canary_tool", None)
+        if self._launch("canary_stream", now, None, self._stream):
+            self._due.pop("canary_stream", None)
+        progress = self._latest.get("progress")
+        stalled = float(progress.values.get("stalled_s", 0.0)) if progress else 0.0
+        episode = self._progress.work_since
+        suspicious = stalled >= s.stall_after_s / 2 and episode is not None
+        if suspicious and self._stacks_for != episode and "stacks" not in self._tasks:
+            self._stacks_for = episode
+            pids = self._safe(self._pids, {})
+            self._tasks["stacks"] = asyncio.ensure_future(probe_stacks(pids, s.stacks_budget_s))
+
+    def _launch(
+        self,
+        kind: str,
+        now: float,
+        period: float | None,
+        make: Callable[[aiohttp.ClientSession], Coroutine[Any, Any, Observation]],
+    ) -> bool:
+        due = self._due.get(kind)
+        if due is None or now < due or kind in self._tasks:
+            return False
+        if period is not None:
+            self._due[kind] = now + period
+        self._tasks[kind] = asyncio.ensure_future(make(self._http()))
+        return True
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=max(32, self.settings.stream_canary_concurrency * 2)),
+                timeout=aiohttp.ClientTimeout(
+                    total=max(self.settings.health_timeout_s, self.settings.canary_timeout_s)
+                ),
+            )
+        return self._session
+
+    async def _scrape(self, session: aiohttp.ClientSession) -> Observation:
+        s = self.settings
+        samples, error, latency = await scrape_metrics(
+            session, self.base_url, s.health_timeout_s, s.metrics_max_bytes
+        )
+        others = [t for t in (self._logs.last_progress_at, self._gpu_busy_at) if t is not None]
+        canary = any(k in self._tasks for k in ("canary_tool", "canary_stream"))
+        return self._progress.update(
+            samples,
+            time.monotonic(),
+            canary_outstanding=canary,
+            other_progress_at=max(others) if others else None,
+            error=error,
+            latency_s=latency,
+        )
+
+    async def _canaries(self, session: aiohttp.ClientSession) -> Observation:
+        """Config check and reasoning canary first (recorded here), then the tool canary (returned)."""
+        s = self.settings
+        if s.expected_tool_parser or s.expected_reasoning_parser:
+            checked = await config_check(session, self.base_url, s)
+            self._pending.append(checked)  # looked up after the await: tick() swaps the list
+        if s.expected_reasoning_parser:
+            reasoned = await reasoning_canary(session, self.canary_url, self.model, s)
+            self._pending.append(reasoned)
+        return await tool_canary(session, self.canary_url, self.model, s)
+
+    async def _stream(self, session: aiohttp.ClientSession) -> Observation:
+        tool = self._latest.get("canary_tool")
+        return await stream_canary(
+            session, self.canary_url, self.model, self.settings, tool.ok if tool else None
+        )

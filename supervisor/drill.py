@@ -1,0 +1,422 @@
+"""`sglang-supervisor drill SCENARIO`: on-call training — a fault injected live into a simulated server, narrated.
+
+The drill builds the demo deployment (`supervisor.demo.demo_config`, 2 simulated GPUs) in a temporary directory,
+runs the daemon in this process, waits until the server serves, arms the fault through the simulator's
+`POST /sim/fault`, drives the traffic its trigger needs, and tells what the supervisor sees and does: each state
+transition with its reason, the incident (fault, evidence, action, rung, flags, forensics bundle), the time to detect
+and the time back to serving. Everything it started is stopped before it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import tomllib
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import aiohttp
+import structlog
+
+from simulator.faults import CATALOG
+from supervisor import proctree
+from supervisor.config import Config, parse_config
+from supervisor.daemon import Daemon
+from supervisor.demo import DEMO_MODEL, demo_config, free_port
+from supervisor.incident import Incident
+from supervisor.journal import IncidentJournal
+
+TP = 2
+STALL_AFTER_S = 10.0  # the drill's `stall_after_s` (production default: 20 s)
+TIMEOUT = aiohttp.ClientTimeout(total=30)
+
+
+@dataclass(frozen=True)
+class Drill:
+    """How to trigger one scenario and what the supervisor is expected to do about it."""
+
+    traffic: str  # "requests" (sequential chats) | "streams" (concurrent) | "long" | "disconnects"
+    count: int
+    expect: str
+    extra_args: tuple[str, ...] = ()
+    probes: Mapping[str, Any] = field(default_factory=dict)
+    trigger: Mapping[str, Any] = field(default_factory=dict)
+
+
+DRILLS: dict[str, Drill] = {
+    "overlap_tp_desync_hang": Drill(
+        "requests", 4, "collective_hang or decode_wedge: kill, relaunch with --disable-overlap-schedule"
+    ),
+    "watchdog_disabled_silent_wedge": Drill(
+        "requests",
+        4,
+        "collective_hang or decode_wedge although SGLang's own watchdog is blind: kill, relaunch with a fallback flag",
+        extra_args=("--watchdog-timeout", "1000000"),
+    ),
+    "custom_allreduce_spin_sigterm_immune": Drill(
+        "requests", 3, "collective_hang: GPUs spin and ignore SIGTERM; SIGKILL, relaunch with a fallback flag"
+    ),
+    "spec_decode_kernel_spin": Drill(
+        "long",
+        1,
+        "decode_wedge tagged spec_decode: relaunch without --speculative-*",
+        extra_args=("--speculative-algorithm", "EAGLE"),
+        trigger={"max_tokens_ge": 32},
+    ),
+    "runtime_cuda_oom_crash": Drill("requests", 3, "oom: relaunch (repeats lower --mem-fraction-static)"),
+    "illegal_memory_access": Drill("streams", 8, "crash (illegal memory access): kill, release, relaunch"),
+    "zombie_after_cpp_abort": Drill(
+        "requests", 3, "crash: a rank died while the HTTP server lives on; kill the group, relaunch"
+    ),
+    "dev_shm_crashloop": Drill(
+        "requests", 3, "oom, then the stale /dev/shm files are swept so the relaunch does not die of SIGBUS"
+    ),
+    "tool_markup_leak_under_load": Drill(
+        "streams",
+        16,
+        "stream_leak: the load canary sees markup leak; degraded and alerted, no restart",
+        probes={"stream_canary_period_s": 5},
+    ),
+    "abort_storm_tokenizer_crash": Drill("disconnects", 24, "crash of the tokenizer: relaunch"),
+}
+
+NOT_DRILLS = {
+    "pd_decode_transfer_wedge": "needs a prefill/decode deployment",
+    "nixl_transfer_worker_assert": "needs a prefill/decode deployment",
+    "prefill_replaced_decode_stale": "needs a prefill/decode deployment",
+    "health_false_negative_long_prefill": "the supervisor is expected to do nothing (busy, not broken)",
+    "orphans_hold_gpu_and_ports": "a launch-time fault: try `sglang-supervisor demo --scenario NAME`",
+    "health_probe_pileup": "a launch-time fault: try `sglang-supervisor demo --scenario NAME`",
+    "slow_startup_deepgemm": "a launch-time fault: try `sglang-supervisor demo --scenario NAME`",
+    "restart_same_port_hang": "a launch-time fault: try `sglang-supervisor demo --scenario NAME`",
+}
+
+
+def run_drill(scenario: str, timeout_s: float = 180.0, out: TextIO = sys.stdout) -> int:
+    """Run one drill; 0 when the supervisor recovered (or raised the alert of an alert-only fault), 1 on
+    timeout or when it gave up, 2 for a scenario that is not a drill."""
+    drill = DRILLS.get(scenario)
+    if drill is None:
+        why = NOT_DRILLS.get(scenario, "unknown scenario").replace("NAME", scenario)
+        print(f"{scenario!r} is not a drill: {why}.", file=out)
+        print(f"valid drills: {', '.join(sorted(DRILLS))}", file=out)
+        return 2
+    previous = structlog.get_config()
+    with (
+        tempfile.TemporaryDirectory(prefix="sglsup-drill-") as tmp,
+        open(Path(tmp) / "daemon.log", "a") as log,
+    ):
+        structlog.configure(
+            processors=[
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                structlog.processors.JSONRenderer(),
+            ],
+            logger_factory=structlog.PrintLoggerFactory(file=log),
+            cache_logger_on_first_use=False,
+        )
+        try:
+            return asyncio.run(_main(scenario, drill, Path(tmp), timeout_s, Narrator(out)))
+        finally:
+            structlog.configure(**previous)
+
+
+class Narrator:
+    """Timestamped lines for the trainee."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.t0 = time.monotonic()
+
+    def say(self, text: str, indent: bool = False) -> None:
+        """One line, prefixed with the seconds since the drill began (or indented under the previous one)."""
+        prefix = " " * 10 if indent else f"[{time.monotonic() - self.t0:6.1f}s] "
+        print(prefix + text, file=self.out, flush=True)
+
+
+def drill_config(root: Path, drill: Drill) -> Config:
+    """The demo deployment on TP=2 with a unique server name, fast backoff and the drill's probe settings."""
+    sglang_port = _port_pair()
+    data = tomllib.loads(demo_config(root, None, free_port(0), sglang_port))
+    server = data["servers"][0]
+    server["name"] = f"drill-{uuid.uuid4().hex[:6]}"  # never reaps another deployment's processes
+    args = server["args"]
+    args[args.index("--tp-size") + 1] = str(TP)
+    args += list(drill.extra_args)
+    server["gpus"] = list(range(TP))
+    server["gpu_device_paths"] = server["gpu_device_paths"][:TP]
+    server["env"]["SGLANG_SIM_STARTUP_S"] = "0.5"
+    server["probes"].update({"stall_after_s": STALL_AFTER_S, **drill.probes})
+    data["supervisor"]["restart"]["initial_s"] = 0.5
+    token = root / "control.token"
+    token.write_text(uuid.uuid4().hex + "\n")
+    token.chmod(0o600)
+    return parse_config(data, root, {})
+
+
+def _port_pair() -> int:
+    """A free port P whose P+2 is free too (the simulator's rank-0 rpc port)."""
+    for _ in range(50):
+        port = free_port(0)
+        if port + 2 < 65536 and free_port(port + 2) == port + 2:
+            return port
+    raise OSError("no free port pair on 127.0.0.1")
+
+
+async def _main(scenario: str, drill: Drill, root: Path, timeout_s: float, say: Narrator) -> int:
+    config = drill_config(root, drill)
+    daemon = Daemon(config)
+    name = daemon.runtimes[0].name
+    _hook_transitions(daemon, say)
+    sim_url = f"http://127.0.0.1:{config.servers[0].http_port}"
+    say.say(f"drill {scenario}: {CATALOG[scenario][1]}")
+    say.say(f"expected: {drill.expect}", indent=True)
+    say.say(f"deployment: server {name}, simulated {DEMO_MODEL} on TP {TP}, in {root}", indent=True)
+    say.say(f"follow along: curl -s {daemon.status.url}/status | jq", indent=True)
+    say.say(f"incident journal: {Path(config.supervisor.state_dir) / 'incidents.jsonl'}", indent=True)
+    say.say(f"control token: {config.supervisor.http.token_file}", indent=True)
+    daemon_task = asyncio.create_task(daemon.run(), name="drill.daemon")
+    code = 1
+    try:
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
+            script = asyncio.create_task(_script(scenario, drill, daemon, sim_url, http, say))
+            done, _ = await asyncio.wait(
+                {script, daemon_task}, timeout=timeout_s, return_when="FIRST_COMPLETED"
+            )
+            if script in done:
+                code = script.result()
+            elif daemon_task in done:
+                say.say("the daemon stopped before the drill ended")
+            else:
+                say.say(f"TIMEOUT: no recovery within {timeout_s:.0f}s; see the state and reason above")
+            script.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await script
+    finally:
+        say.say("stopping the daemon and the simulated server")
+        daemon.stop_event.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(daemon_task, timeout=120)
+        await asyncio.to_thread(_reap_leftovers, name, say)
+    say.say("drill PASSED" if code == 0 else "drill FAILED")
+    return code
+
+
+def _hook_transitions(daemon: Daemon, say: Narrator) -> None:
+    """Narrate every state change as it happens (the daemon calls `on_state_change` after each)."""
+    last = {rt.name: rt.state.value for rt in daemon.runtimes}
+    notify: Callable[[], None] = daemon.ctx.on_state_change
+
+    def changed() -> None:
+        for rt in daemon.runtimes:
+            if rt.state.value != last[rt.name]:
+                say.say(f"{rt.name}: {last[rt.name]} → {rt.state.value} ({rt.reason})")
+                last[rt.name] = rt.state.value
+        notify()
+
+    daemon.ctx.on_state_change = changed
+
+
+async def _script(
+    scenario: str, drill: Drill, daemon: Daemon, sim_url: str, http: aiohttp.ClientSession, say: Narrator
+) -> int:
+    name = daemon.runtimes[0].name
+    status_url = f"{daemon.status.url}/status"
+    await _until(lambda s: s.get("state") == "serving", http, status_url, name)
+    injected = time.time()
+    async with http.post(f"{sim_url}/sim/fault", json={"name": scenario, **drill.trigger}) as resp:
+        armed = (await resp.json(content_type=None)).get("armed") if resp.status == 200 else None
+    trigger = drill.trigger or CATALOG[scenario][0]
+    say.say(f'inject: POST {sim_url}/sim/fault {{"name": "{scenario}"}} → armed={armed} (trigger {trigger})')
+    if not armed:
+        say.say("the simulator did not arm the fault")
+        return 1
+    fired: list[float] = []
+    traffic = asyncio.create_task(_traffic(drill, sim_url, http, say))
+    watch = asyncio.create_task(_watch_fired(sim_url, scenario, http, fired, say))
+    try:
+        incidents = await _follow(daemon, name, injected, say)
+    finally:
+        for task in (traffic, watch):
+            task.cancel()
+        await asyncio.gather(traffic, watch, return_exceptions=True)
+    server = await _until(lambda s: True, http, status_url, name)
+    return _summary(incidents, server, fired[0] if fired else injected, bool(fired), say)
+
+
+async def _until(
+    pred: Callable[[dict[str, Any]], bool], http: aiohttp.ClientSession, url: str, name: str
+) -> dict[str, Any]:
+    """Poll `/status` until `pred` holds for the server (the caller bounds the time)."""
+    while True:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+            async with http.get(url) as resp:
+                body = json.loads(await resp.content.read(8 * 2**20))
+            server = next(s for s in body["servers"] if s["name"] == name)
+            if pred(server):
+                return dict(server)
+        await asyncio.sleep(0.25)
+
+
+async def _traffic(drill: Drill, sim_url: str, http: aiohttp.ClientSession, say: Narrator) -> None:
+    """Drive the trigger: sequential requests, concurrent streams, a long generation, or client disconnects."""
+    url = f"{sim_url}/v1/chat/completions"
+
+    async def chat(max_tokens: int, stream: bool, hold_s: float | None = None) -> None:
+        body = {
+            "model": DEMO_MODEL,
+            "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
+            "max_tokens": max_tokens,
+            "stream": stream,
+        }
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with http.post(url, json=body) as resp:
+                deadline = time.monotonic() + hold_s if hold_s is not None else None
+                async for _ in resp.content.iter_any():
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return  # leaving the block closes the connection mid-stream: a client disconnect
+
+    if drill.traffic == "requests":
+        say.say(f"traffic: up to {drill.count} chat requests, one at a time")
+        for _ in range(drill.count):
+            await chat(32, stream=False)
+    elif drill.traffic == "long":
+        say.say("traffic: one long generation (max_tokens 512)")
+        await chat(512, stream=True)
+    else:
+        disconnect = drill.traffic == "disconnects"
+        what = "streams cut after 0.3 s (client disconnects)" if disconnect else "concurrent streams"
+        for round_ in range(1, 6):
+            say.say(f"traffic: {drill.count} {what} (round {round_})")
+            await asyncio.gather(
+                *(
+                    chat(2000 if disconnect else 64, True, 0.3 if disconnect else None)
+                    for _ in range(drill.count)
+                )
+            )
+            await asyncio.sleep(2.0)
+
+
+async def _watch_fired(
+    sim_url: str, scenario: str, http: aiohttp.ClientSession, fired: list[float], say: Narrator
+) -> None:
+    """Note the moment the simulator reports the fault fired (stops when it does, or when the server dies)."""
+    while True:
+        try:
+            async with http.get(f"{sim_url}/sim/state", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                state = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return
+        for fault in state.get("active", []):
+            if fault.get("name") == scenario and fault.get("fired"):
+                fired.append(float(fault.get("started_at") or time.time()))
+                say.say(
+                    f"the fault fired in the simulator ({state.get('requests')} requests admitted so far)"
+                )
+                return
+        await asyncio.sleep(0.2)
+
+
+async def _follow(daemon: Daemon, name: str, since: float, say: Narrator) -> list[Incident]:
+    """Follow the incident journal until an incident ends (serving again, alert only, or failed); all of them."""
+    journal = IncidentJournal(Path(daemon.config.supervisor.state_dir) / "incidents.jsonl")
+    seen: dict[str, Incident] = {}
+    while True:
+        for incident in await asyncio.to_thread(journal.load):
+            if incident.server != name or incident.fault == "operator" or incident.detected_at < since - 1:
+                continue
+            before = seen.get(incident.id)
+            if before != incident:
+                _narrate(before, incident, say)
+                seen[incident.id] = incident
+        for incident in seen.values():
+            if incident.action in ("alert", "failed") or incident.recovered_at is not None:
+                return [*seen.values()]
+        await asyncio.sleep(0.25)
+
+
+def _narrate(before: Incident | None, now: Incident, say: Narrator) -> None:
+    if before is None:
+        say.say(f"incident {now.id}: fault {now.fault} → action {now.action} (rung before: {now.rung})")
+        say.say(f"why: {now.reason}", indent=True)
+        for key, value in now.evidence.items():
+            if key not in ("log_tail", "release", "confidence"):
+                say.say(f"evidence {key}: {_short(value)}", indent=True)
+    if now.forensics_path and (before is None or not before.forensics_path):
+        bundle = Path(now.forensics_path)
+        files = sorted(p.name for p in bundle.iterdir()) if bundle.is_dir() else []
+        say.say(f"forensics bundle: {bundle}")
+        say.say(f"files: {', '.join(files)}", indent=True)
+        release = now.evidence.get("release") or {}
+        if release:
+            killed = ", ".join(f"{k['pid']} ({k['route']})" for k in release.get("killed", []))
+            say.say(
+                f"release: ok={release.get('ok')} steps {release.get('steps_s')}; killed {killed}",
+                indent=True,
+            )
+        flags = [*(f"+{f}" for f in now.flags_added), *(f"-{f}" for f in now.flags_removed)]
+        say.say(f"relaunch flags: {' '.join(flags) or 'unchanged (configured argv)'}", indent=True)
+    if now.action == "failed" and (before is None or before.action != "failed"):
+        say.say(f"the supervisor gave up: {now.reason}")
+    if now.recovered_at is not None and (before is None or before.recovered_at is None):
+        say.say(f"recovered: serving again {now.time_to_serving_s or 0:.1f}s after detection")
+
+
+def _short(value: Any, limit: int = 140) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _summary(
+    incidents: list[Incident], server: dict[str, Any], fired_at: float, fired_known: bool, say: Narrator
+) -> int:
+    """The figures of the drill; 0 when it ended in recovery (or in the alert of an alert-only fault)."""
+    first, last = incidents[0], incidents[-1]
+    since = "the fault fired" if fired_known else "injection"
+    fallback = server.get("fallback") or {}
+    flags = " ".join(fallback.get("flags") or []) or "none"
+    say.say("summary")
+    faults = " then ".join(i.fault for i in incidents)
+    say.say(f"fault: {faults}   action: {last.action}   runbook: runbook.md#{first.fault}", indent=True)
+    say.say(f"time to detect: {first.detected_at - fired_at:.1f}s after {since}", indent=True)
+    say.say(
+        f"state now: {server.get('state')}   rung: {fallback.get('rung', 0)}   fallback flags: {flags}",
+        indent=True,
+    )
+    if last.forensics_path:
+        say.say(f"forensics: {last.forensics_path} (removed with the drill's directory)", indent=True)
+    if last.action == "alert":
+        say.say("alert only: the server keeps serving (degraded); nothing was restarted", indent=True)
+        return 0
+    if last.recovered_at is not None:
+        say.say(
+            f"time back to serving: {last.recovered_at - first.detected_at:.1f}s after detection", indent=True
+        )
+        return 0
+    say.say(
+        "not recovered: the server is failed; an operator would follow runbook.md#SglangServerFailed",
+        indent=True,
+    )
+    return 1
+
+
+def _reap_leftovers(server: str, say: Narrator) -> None:
+    """A backstop: anything of the drill's server still alive after the daemon stopped is killed and reported."""
+    left = proctree.find_marked(server=server)
+    if not left:
+        say.say("nothing left running")
+        return
+    say.say(f"left behind after the daemon stopped (a supervisor bug): pids {[p.pid for p in left]}; killing")
+    for ident in left:
+        if proctree.still_same(ident):
+            with contextlib.suppress(OSError):
+                os.kill(ident.pid, signal.SIGKILL)

@@ -1,0 +1,71 @@
+"""`sglang-supervisor drill`: a live fault on a simulated server, narrated from detection to recovery."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.drill import DRILLS, run_drill
+
+
+def _drill_processes(root: Path) -> list[psutil.Process]:
+    """Live processes of a drill's server whose simulator state lives under `root`."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            env = proc.environ()
+            ours = env.get("SGLSUP_SERVER", "").startswith("drill-")
+            here = env.get("SGLANG_SIM_STATE_DIR", "").startswith(str(root))
+            if ours and here and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
+
+
+@pytest.mark.e2e
+def test_zombie_drill_narrates_detection_and_recovery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zombie_after_cpp_abort: the drill tells the crash, its evidence, forensics and relaunch, exits 0, leaves nothing."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    out = io.StringIO()
+    try:
+        code = run_drill("zombie_after_cpp_abort", timeout_s=150.0, out=out)
+    finally:
+        leftovers = _drill_processes(tmp_path)
+        for proc in leftovers:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+    text = out.getvalue()
+    assert code == 0, text
+    assert "inject: POST" in text and "armed=True" in text
+    assert "fault crash → action relaunch" in text, text
+    assert "evidence" in text and "forensics bundle:" in text and "summary.json" in text
+    assert "→ recovering (crash:" in text
+    assert text.count("starting → serving") >= 2, "serving before the fault and again after the relaunch"
+    assert "time to detect:" in text and "time back to serving:" in text
+    assert "nothing left running" in text and "drill PASSED" in text
+    assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"
+    assert not list(tmp_path.glob("sglsup-drill-*")), "the drill removes its directory"
+
+
+@pytest.mark.unit
+def test_unknown_scenario_exits_2_listing_the_drills() -> None:
+    """An unknown scenario exits 2 with a message naming every valid drill."""
+    out = io.StringIO()
+    assert run_drill("no_such_fault", out=out) == 2
+    text = out.getvalue()
+    assert "'no_such_fault' is not a drill: unknown scenario" in text
+    assert all(name in text for name in DRILLS)
+
+
+@pytest.mark.unit
+def test_launch_time_scenario_points_to_the_demo() -> None:
+    """A catalog fault that only fires at launch is not a drill: exit 2 and the demo command to use instead."""
+    out = io.StringIO()
+    assert run_drill("slow_startup_deepgemm", out=out) == 2
+    assert "sglang-supervisor demo --scenario slow_startup_deepgemm" in out.getvalue()
