@@ -338,6 +338,11 @@ _DEFAULT_RAW: dict[str, object] = {
         ["add --disable-custom-all-reduce"],
         ["set --cuda-graph-backend-decode disabled"],
     ],
+    "collective_hang:spec_decode": [
+        ["remove --speculative-*"],
+        ["add --disable-overlap-schedule"],
+        ["add --disable-custom-all-reduce"],
+    ],
     "decode_wedge:spec_decode": [
         ["remove --speculative-*"],
         ["add --disable-overlap-schedule"],

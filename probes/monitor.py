@@ -72,7 +72,7 @@ class Monitor:
         self._tree, self._gpu_read, self._log_lines, self._pids = tree, gpu, log_lines, pids_for_stacks
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[Observation]] = {}
-        self._window: deque[Observation] = deque(maxlen=4000)
+        self._window: deque[Observation] = deque(maxlen=20000)
         self._latest: dict[str, Observation] = {}
         self._logs, self._gpu, self._progress = LogWatch(), GpuWatch(), ProgressTracker(role)
         self.reset(time.monotonic())

@@ -116,6 +116,11 @@ class Engine:
                 self.cond.notify_all()
 
     @property
+    def desynced(self) -> bool:
+        """True when the TP ranks are stuck in different collectives (the last rank ahead, idle on its GPU)."""
+        return self.wedged in ("overlap_tp_desync_hang", "watchdog_disabled_silent_wedge")
+
+    @property
     def stalled(self) -> bool:
         """True when scheduler round-trips never complete (wedged ranks or a dead rank)."""
         return bool(self.wedged) or self.dead

@@ -83,6 +83,7 @@ class Launch:
         self.rank_pids: dict[int, int] = {}  # physical GPU -> pid
         self.load_fraction = 0.0
         self.ready = False
+        self.xid_sent = False
         self.engine: Engine | None = None
         self.state = ServerState()
         self.metrics = SimMetrics(args.served_name, _engine_type(args), not _cuda_graph_disabled(args))
@@ -184,7 +185,7 @@ class Launch:
                             self.rank_pids[self._gpu_of(i)] = int(msg["pid"])
                             pending.discard(i)
                 except (EOFError, OSError):
-                    self._init_death(i)
+                    self._init_death(i, self._exit_code(i))
             for name, proc in self.children:
                 if proc.exitcode is not None:
                     index = int(name.split("_")[1]) if name.startswith("scheduler_") else 0
@@ -192,6 +193,14 @@ class Launch:
             time.sleep(0.02)
         self.ready = True
         self.load_fraction = 1.0
+
+    def _exit_code(self, rank: int) -> int | None:
+        """The exit code of a rank whose pipe broke (waiting briefly for the process to be reaped)."""
+        proc = dict(self.children).get(f"scheduler_{rank}")
+        if proc is not None:
+            proc.join(5)
+            return proc.exitcode
+        return None
 
     def _init_death(self, rank: int, code: int | None = None) -> NoReturn:
         log(
@@ -202,7 +211,6 @@ class Launch:
 
     def publish_gpus(self) -> None:
         """Update nvml.json once a second with figures for what the ranks are doing."""
-        xid_sent = False
         while True:
             engine = self.engine
             if not self.ready:
@@ -213,14 +221,10 @@ class Launch:
                 phase = "busy"
             else:
                 phase = "idle"
-            xids: dict[int, list[dict[str, Any]]] = {}
-            if not xid_sent and self.faults.fired("illegal_memory_access"):
-                xids[self.gpus[0]] = [{"xid": 13, "at": time.time()}]
-                xid_sent = True
             samples = []
             for k, gpu in enumerate(self.gpus):
                 gpu_phase = phase
-                if engine is not None and engine.wedged.endswith("desync_hang") and k == len(self.gpus) - 1:
+                if engine is not None and engine.desynced and k == len(self.gpus) - 1:
                     gpu_phase = "idle"
                 pids = [self.rank_pids[gpu]] if gpu in self.rank_pids else []
                 load = gpus.GpuLoad(
@@ -228,14 +232,21 @@ class Launch:
                 )
                 samples.append(gpus.sample(gpu, load, self.rng))
             with contextlib.suppress(OSError):
-                gpus.publish(samples, xids)
+                gpus.publish(samples, self._new_xids())
             time.sleep(1.0 if self.ready else 0.2)
 
+    def _new_xids(self) -> dict[int, list[dict[str, Any]]]:
+        """An illegal memory access leaves Xid 13 on the first GPU (once)."""
+        if self.xid_sent or not self.faults.fired("illegal_memory_access"):
+            return {}
+        self.xid_sent = True
+        return {self.gpus[0]: [{"xid": 13, "at": time.time()}]}
+
     def publish_stopped(self) -> None:
-        """A clean exit frees the GPUs."""
+        """The ranks are gone: their GPUs are free (and any Xid of the crash is on record)."""
         load = gpus.GpuLoad("stopped", 0.0, 0.0, [])
         with contextlib.suppress(OSError):
-            gpus.publish([gpus.sample(g, load, self.rng) for g in self.gpus])
+            gpus.publish([gpus.sample(g, load, self.rng) for g in self.gpus], self._new_xids())
 
 
 def _is_scheduler(proc: psutil.Process) -> bool:
@@ -434,6 +445,7 @@ class Crash:
         log(f"SIGQUIT received. signum={signal.SIGQUIT}, frame=None. It usually means one child failed.")
         self._crash_dump()
         self._leak_if_armed()
+        self.launch.publish_stopped()
         kill_tree(include_parent=True)
 
     def _crash_dump(self) -> None:

@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -217,7 +218,7 @@ def event_loop(spec: RankSpec, conn: Connection, group: tuple[Barrier, Barrier])
         try:
             batch = recv_requests(conn)
         except (EOFError, OSError):
-            return
+            threading.Event().wait()  # the parent is gone: like a ZMQ recv, wait forever (PDEATHSIG ends us)
         op = batch.get("op")
         if op == "shutdown":
             return

@@ -10,7 +10,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -266,38 +265,7 @@ class SimServer:
 
     async def loads(self, request: web.Request) -> web.Response:
         """The shared-memory load snapshot of each DP rank; its `timestamp` freezes with the scheduler."""
-        g = self.metrics.gauges
-        running, waiting = int(g["num_running_reqs"]), int(g["num_queue_reqs"])
-        load = {
-            "timestamp": self.engine.snapshot_at,
-            "dp_rank": 0,
-            "num_running_reqs": running,
-            "num_waiting_reqs": waiting,
-            "num_total_reqs": running + waiting,
-            "num_used_tokens": int(g["num_used_tokens"]),
-            "num_total_tokens": MAX_TOTAL_TOKENS,
-            "max_total_num_tokens": MAX_TOTAL_TOKENS,
-            "max_running_requests": 512,
-            "token_usage": g["token_usage"],
-            "gen_throughput": g["gen_throughput"],
-            "cache_hit_rate": g["cache_hit_rate"],
-            "utilization": g["token_usage"],
-        }
-        return web.json_response(
-            {
-                "timestamp": datetime.now(UTC).isoformat(),
-                "version": "0.5.23",
-                "dp_rank_count": 1,
-                "loads": [load],
-                "aggregate": {
-                    "total_running_reqs": running,
-                    "total_waiting_reqs": waiting,
-                    "total_reqs": running + waiting,
-                    "avg_token_usage": g["token_usage"],
-                    "avg_throughput": g["gen_throughput"],
-                },
-            }
-        )
+        return web.json_response(self.metrics.loads(self.engine.snapshot_at, MAX_TOTAL_TOKENS))
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         """Prometheus text; served by the main process, so it answers while the ranks are wedged."""

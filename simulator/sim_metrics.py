@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
 
 TTFT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 400.0)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
@@ -146,6 +148,41 @@ class SimMetrics:
         with self._lock:
             self.http_active[(endpoint, method)] -= 1
             self.http_responses[(endpoint, str(status), method)] += 1
+
+    def loads(self, snapshot_at: float, max_total_tokens: int) -> dict[str, Any]:
+        """The `/v1/loads` body: one DP rank's load snapshot (as of `snapshot_at`) and the aggregate."""
+        with self._lock:
+            g = dict(self.gauges)
+        running, waiting = int(g["num_running_reqs"]), int(g["num_queue_reqs"])
+        load = {
+            "timestamp": snapshot_at,
+            "dp_rank": 0,
+            "num_running_reqs": running,
+            "num_waiting_reqs": waiting,
+            "num_total_reqs": running + waiting,
+            "num_used_tokens": int(g["num_used_tokens"]),
+            "num_total_tokens": max_total_tokens,
+            "max_total_num_tokens": max_total_tokens,
+            "max_running_requests": 512,
+            "token_usage": g["token_usage"],
+            "gen_throughput": g["gen_throughput"],
+            "cache_hit_rate": g["cache_hit_rate"],
+            "utilization": g["token_usage"],
+        }
+        aggregate = {
+            "total_running_reqs": running,
+            "total_waiting_reqs": waiting,
+            "total_reqs": running + waiting,
+            "avg_token_usage": g["token_usage"],
+            "avg_throughput": g["gen_throughput"],
+        }
+        return {
+            "timestamp": datetime.now(UTC).isoformat(),
+            "version": "0.5.23",
+            "dp_rank_count": 1,
+            "loads": [load],
+            "aggregate": aggregate,
+        }
 
     def render(self) -> str:
         """The `/metrics` body."""

@@ -41,7 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--scenario", help="a simulator fault scenario (e.g. overlap_tp_desync_hang)")
     demo.add_argument("--print-config", action="store_true", help="print the config it would run and exit")
     demo.add_argument("--port", type=int, default=9400, help="status port (a free one if busy)")
-    drill = sub.add_parser("drill", help="on-call training: inject a fault into a simulated server and narrate")
+    drill = sub.add_parser(
+        "drill", help="on-call training: inject a fault into a simulated server and narrate"
+    )
     drill.add_argument("scenario", help="a simulator fault scenario (e.g. overlap_tp_desync_hang)")
     drill.add_argument("--timeout", type=float, default=180.0, help="give up after this many seconds")
     return p

@@ -52,52 +52,35 @@ class Drill:
     trigger: Mapping[str, Any] = field(default_factory=dict)
 
 
+_WEDGE = "collective_hang or decode_wedge: forensics, SIGKILL, relaunch with --disable-overlap-schedule"
+_CRASH = "crash: kill the group, reap, verify the GPUs free, relaunch"
 DRILLS: dict[str, Drill] = {
-    "overlap_tp_desync_hang": Drill(
-        "requests", 4, "collective_hang or decode_wedge: kill, relaunch with --disable-overlap-schedule"
-    ),
-    "watchdog_disabled_silent_wedge": Drill(
-        "requests",
-        4,
-        "collective_hang or decode_wedge although SGLang's own watchdog is blind: kill, relaunch with a fallback flag",
-        extra_args=("--watchdog-timeout", "1000000"),
-    ),
-    "custom_allreduce_spin_sigterm_immune": Drill(
-        "requests", 3, "collective_hang: GPUs spin and ignore SIGTERM; SIGKILL, relaunch with a fallback flag"
-    ),
+    "overlap_tp_desync_hang": Drill("requests", 4, _WEDGE),
+    "watchdog_disabled_silent_wedge": Drill("requests", 4, _WEDGE, ("--watchdog-timeout", "1000000")),
+    "custom_allreduce_spin_sigterm_immune": Drill("requests", 3, _WEDGE + " (SIGTERM is ignored)"),
     "spec_decode_kernel_spin": Drill(
-        "long",
-        1,
-        "decode_wedge tagged spec_decode: relaunch without --speculative-*",
-        extra_args=("--speculative-algorithm", "EAGLE"),
-        trigger={"max_tokens_ge": 32},
+        "long", 1, _WEDGE, ("--speculative-algorithm", "EAGLE"), trigger={"max_tokens_ge": 32}
     ),
-    "runtime_cuda_oom_crash": Drill("requests", 3, "oom: relaunch (repeats lower --mem-fraction-static)"),
-    "illegal_memory_access": Drill("streams", 8, "crash (illegal memory access): kill, release, relaunch"),
-    "zombie_after_cpp_abort": Drill(
-        "requests", 3, "crash: a rank died while the HTTP server lives on; kill the group, relaunch"
-    ),
-    "dev_shm_crashloop": Drill(
-        "requests", 3, "oom, then the stale /dev/shm files are swept so the relaunch does not die of SIGBUS"
-    ),
+    "runtime_cuda_oom_crash": Drill("requests", 3, "oom or " + _CRASH),
+    "illegal_memory_access": Drill("streams", 8, _CRASH),
+    "zombie_after_cpp_abort": Drill("requests", 3, _CRASH + " (a rank died, the HTTP server lived on)"),
+    "dev_shm_crashloop": Drill("requests", 3, "oom or " + _CRASH + "; stale /dev/shm files swept"),
     "tool_markup_leak_under_load": Drill(
-        "streams",
-        16,
-        "stream_leak: the load canary sees markup leak; degraded and alerted, no restart",
-        probes={"stream_canary_period_s": 5},
+        "streams", 16, "stream_leak: degraded and alerted, no restart", probes={"stream_canary_period_s": 5}
     ),
-    "abort_storm_tokenizer_crash": Drill("disconnects", 24, "crash of the tokenizer: relaunch"),
+    "abort_storm_tokenizer_crash": Drill("disconnects", 24, _CRASH),
 }
-
+_PD = "needs a prefill/decode deployment"
+_LAUNCH = "a launch-time fault: try `sglang-supervisor demo --scenario NAME`"
 NOT_DRILLS = {
-    "pd_decode_transfer_wedge": "needs a prefill/decode deployment",
-    "nixl_transfer_worker_assert": "needs a prefill/decode deployment",
-    "prefill_replaced_decode_stale": "needs a prefill/decode deployment",
+    "pd_decode_transfer_wedge": _PD,
+    "nixl_transfer_worker_assert": _PD,
+    "prefill_replaced_decode_stale": _PD,
+    "orphans_hold_gpu_and_ports": _LAUNCH,
+    "health_probe_pileup": _LAUNCH,
+    "slow_startup_deepgemm": _LAUNCH,
+    "restart_same_port_hang": _LAUNCH,
     "health_false_negative_long_prefill": "the supervisor is expected to do nothing (busy, not broken)",
-    "orphans_hold_gpu_and_ports": "a launch-time fault: try `sglang-supervisor demo --scenario NAME`",
-    "health_probe_pileup": "a launch-time fault: try `sglang-supervisor demo --scenario NAME`",
-    "slow_startup_deepgemm": "a launch-time fault: try `sglang-supervisor demo --scenario NAME`",
-    "restart_same_port_hang": "a launch-time fault: try `sglang-supervisor demo --scenario NAME`",
 }
 
 
@@ -184,6 +167,7 @@ async def _main(scenario: str, drill: Drill, root: Path, timeout_s: float, say: 
     say.say(f"follow along: curl -s {daemon.status.url}/status | jq", indent=True)
     say.say(f"incident journal: {Path(config.supervisor.state_dir) / 'incidents.jsonl'}", indent=True)
     say.say(f"control token: {config.supervisor.http.token_file}", indent=True)
+    say.say(f"daemon log (what journalctl would show): {root / 'daemon.log'}", indent=True)
     daemon_task = asyncio.create_task(daemon.run(), name="drill.daemon")
     code = 1
     try:
@@ -195,7 +179,8 @@ async def _main(scenario: str, drill: Drill, root: Path, timeout_s: float, say: 
             if script in done:
                 code = script.result()
             elif daemon_task in done:
-                say.say("the daemon stopped before the drill ended")
+                error = None if daemon_task.cancelled() else daemon_task.exception()
+                say.say(f"the daemon stopped before the drill ended{f': {error!r}' if error else ''}")
             else:
                 say.say(f"TIMEOUT: no recovery within {timeout_s:.0f}s; see the state and reason above")
             script.cancel()
@@ -234,14 +219,14 @@ async def _script(
     await _until(lambda s: s.get("state") == "serving", http, status_url, name)
     injected = time.time()
     async with http.post(f"{sim_url}/sim/fault", json={"name": scenario, **drill.trigger}) as resp:
-        armed = (await resp.json(content_type=None)).get("armed") if resp.status == 200 else None
+        armed = (await _json(resp)).get("armed") if resp.status == 200 else None
     trigger = drill.trigger or CATALOG[scenario][0]
     say.say(f'inject: POST {sim_url}/sim/fault {{"name": "{scenario}"}} → armed={armed} (trigger {trigger})')
     if not armed:
         say.say("the simulator did not arm the fault")
         return 1
     fired: list[float] = []
-    traffic = asyncio.create_task(_traffic(drill, sim_url, http, say))
+    traffic = asyncio.create_task(_traffic(drill, sim_url, http, fired, say))
     watch = asyncio.create_task(_watch_fired(sim_url, scenario, http, fired, say))
     try:
         incidents = await _follow(daemon, name, injected, say)
@@ -260,15 +245,28 @@ async def _until(
     while True:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
             async with http.get(url) as resp:
-                body = json.loads(await resp.content.read(8 * 2**20))
-            server = next(s for s in body["servers"] if s["name"] == name)
-            if pred(server):
+                body = await _json(resp)
+            server = next((s for s in body["servers"] if s["name"] == name), None)
+            if server is not None and pred(server):
                 return dict(server)
         await asyncio.sleep(0.25)
 
 
-async def _traffic(drill: Drill, sim_url: str, http: aiohttp.ClientSession, say: Narrator) -> None:
-    """Drive the trigger: sequential requests, concurrent streams, a long generation, or client disconnects."""
+async def _json(resp: aiohttp.ClientResponse, limit: int = 8 * 2**20) -> Any:
+    """The JSON body, read to at most `limit` bytes (a larger one is an error)."""
+    body = b""
+    while len(body) <= limit and (chunk := await resp.content.read(limit + 1 - len(body))):
+        body += chunk
+    if len(body) > limit:
+        raise ValueError(f"response body over {limit} bytes")
+    return json.loads(body)
+
+
+async def _traffic(
+    drill: Drill, sim_url: str, http: aiohttp.ClientSession, fired: list[float], say: Narrator
+) -> None:
+    """Drive the trigger (sequential requests, concurrent streams, a long generation, client disconnects) until
+    the fault fires; a request already in flight stays, as a user's would."""
     url = f"{sim_url}/v1/chat/completions"
 
     async def chat(max_tokens: int, stream: bool, hold_s: float | None = None) -> None:
@@ -288,7 +286,8 @@ async def _traffic(drill: Drill, sim_url: str, http: aiohttp.ClientSession, say:
     if drill.traffic == "requests":
         say.say(f"traffic: up to {drill.count} chat requests, one at a time")
         for _ in range(drill.count):
-            await chat(32, stream=False)
+            if not fired:
+                await chat(32, stream=False)
     elif drill.traffic == "long":
         say.say("traffic: one long generation (max_tokens 512)")
         await chat(512, stream=True)
@@ -296,13 +295,11 @@ async def _traffic(drill: Drill, sim_url: str, http: aiohttp.ClientSession, say:
         disconnect = drill.traffic == "disconnects"
         what = "streams cut after 0.3 s (client disconnects)" if disconnect else "concurrent streams"
         for round_ in range(1, 6):
+            if fired:
+                return
             say.say(f"traffic: {drill.count} {what} (round {round_})")
-            await asyncio.gather(
-                *(
-                    chat(2000 if disconnect else 64, True, 0.3 if disconnect else None)
-                    for _ in range(drill.count)
-                )
-            )
+            tokens, hold = (2000, 0.3) if disconnect else (64, None)
+            await asyncio.gather(*(chat(tokens, True, hold) for _ in range(drill.count)))
             await asyncio.sleep(2.0)
 
 
@@ -313,15 +310,13 @@ async def _watch_fired(
     while True:
         try:
             async with http.get(f"{sim_url}/sim/state", timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                state = await resp.json(content_type=None)
+                state = await _json(resp)
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return
         for fault in state.get("active", []):
             if fault.get("name") == scenario and fault.get("fired"):
                 fired.append(float(fault.get("started_at") or time.time()))
-                say.say(
-                    f"the fault fired in the simulator ({state.get('requests')} requests admitted so far)"
-                )
+                say.say(f"the fault fired in the simulator ({state.get('requests')} requests so far)")
                 return
         await asyncio.sleep(0.2)
 
@@ -349,8 +344,8 @@ def _narrate(before: Incident | None, now: Incident, say: Narrator) -> None:
         say.say(f"incident {now.id}: fault {now.fault} → action {now.action} (rung before: {now.rung})")
         say.say(f"why: {now.reason}", indent=True)
         for key, value in now.evidence.items():
-            if key not in ("log_tail", "release", "confidence"):
-                say.say(f"evidence {key}: {_short(value)}", indent=True)
+            if key not in ("log_tail", "release", "confidence") and value not in (None, [], {}, ""):
+                say.say(f"evidence {key}: {json.dumps(value, default=str)[:140]}", indent=True)
     if now.forensics_path and (before is None or not before.forensics_path):
         bundle = Path(now.forensics_path)
         files = sorted(p.name for p in bundle.iterdir()) if bundle.is_dir() else []
@@ -359,21 +354,13 @@ def _narrate(before: Incident | None, now: Incident, say: Narrator) -> None:
         release = now.evidence.get("release") or {}
         if release:
             killed = ", ".join(f"{k['pid']} ({k['route']})" for k in release.get("killed", []))
-            say.say(
-                f"release: ok={release.get('ok')} steps {release.get('steps_s')}; killed {killed}",
-                indent=True,
-            )
+            say.say(f"release: ok={release['ok']} steps {release['steps_s']}; killed {killed}", indent=True)
         flags = [*(f"+{f}" for f in now.flags_added), *(f"-{f}" for f in now.flags_removed)]
         say.say(f"relaunch flags: {' '.join(flags) or 'unchanged (configured argv)'}", indent=True)
     if now.action == "failed" and (before is None or before.action != "failed"):
         say.say(f"the supervisor gave up: {now.reason}")
     if now.recovered_at is not None and (before is None or before.recovered_at is None):
         say.say(f"recovered: serving again {now.time_to_serving_s or 0:.1f}s after detection")
-
-
-def _short(value: Any, limit: int = 140) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _summary(
@@ -389,8 +376,7 @@ def _summary(
     say.say(f"fault: {faults}   action: {last.action}   runbook: runbook.md#{first.fault}", indent=True)
     say.say(f"time to detect: {first.detected_at - fired_at:.1f}s after {since}", indent=True)
     say.say(
-        f"state now: {server.get('state')}   rung: {fallback.get('rung', 0)}   fallback flags: {flags}",
-        indent=True,
+        f"state now: {server.get('state')}   rung: {fallback.get('rung', 0)}   flags: {flags}", indent=True
     )
     if last.forensics_path:
         say.say(f"forensics: {last.forensics_path} (removed with the drill's directory)", indent=True)
@@ -398,14 +384,9 @@ def _summary(
         say.say("alert only: the server keeps serving (degraded); nothing was restarted", indent=True)
         return 0
     if last.recovered_at is not None:
-        say.say(
-            f"time back to serving: {last.recovered_at - first.detected_at:.1f}s after detection", indent=True
-        )
+        say.say(f"time back to serving: {last.recovered_at - first.detected_at:.1f}s after detection", True)
         return 0
-    say.say(
-        "not recovered: the server is failed; an operator would follow runbook.md#SglangServerFailed",
-        indent=True,
-    )
+    say.say("not recovered: an operator would follow runbook.md#SglangServerFailed", indent=True)
     return 1
 
 

@@ -64,6 +64,7 @@ class ServerRuntime:
         self.started_at = 0.0
         self.open_incident: Incident | None = None
         self.paused = False
+        self.state_before_pause = S.STOPPED
         self.commands: asyncio.Queue[Command] = asyncio.Queue()
         self.stopping = False
         self.watcher = Watcher(self)
@@ -185,7 +186,7 @@ class ServerRuntime:
 
     # ---- recovery ----------------------------------------------------------------------------------------
     def _tags(self, outcome: Outcome) -> list[str]:
-        tags = []
+        tags = [str(t) for t in outcome.evidence.get("tags", []) if isinstance(t, str)]
         if any(a.startswith("--speculative-algorithm") for a in self.argv):
             tags.append("spec_decode")
         if "illegal memory access" in str(outcome.evidence).lower():
@@ -326,13 +327,23 @@ class ServerRuntime:
 
     def handle_command(self, cmd: Command) -> str:
         """Apply pause/resume/stop at once; return the command kind for the caller's loop."""
-        if cmd.kind == "pause":
+        if cmd.kind == "pause" and not self.paused:
             self.paused = True
+            self.state_before_pause = self.state
             self.ctx.operator_incident(self, "pause", cmd)
             self.transition(S.PAUSED, f"paused by {cmd.actor}: {cmd.reason}")
-        elif cmd.kind == "resume":
+        elif cmd.kind == "resume" and self.paused:
             self.paused = False
             self.ctx.operator_incident(self, "resume", cmd)
+            if self.launched is not None:
+                back = (
+                    self.state_before_pause
+                    if self.state_before_pause in (S.STARTING, S.DEGRADED)
+                    else S.SERVING
+                )
+                if back is S.SERVING and self.serving_since is None:
+                    back = S.STARTING
+                self.transition(back, f"resumed by {cmd.actor}: {cmd.reason}")
         elif cmd.kind == "stop":
             self.stopping = True
         if cmd.done is not None and not cmd.done.done() and cmd.kind != "restart":

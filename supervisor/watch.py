@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from policies.signatures import scan
 from policies.states import FaultKind, ServerState
 from probes.base import Observation
 from probes.monitor import Monitor
@@ -20,6 +21,14 @@ if TYPE_CHECKING:
     from supervisor.runtime import Command, ServerRuntime
 
 S = ServerState
+# a server that answers /health but wedges on its first canary is not merely slow to start
+STARTUP_WEDGES = {
+    FaultKind.DECODE_WEDGE,
+    FaultKind.COLLECTIVE_HANG,
+    FaultKind.PD_TRANSFER_WEDGE,
+    FaultKind.GPU_FAULT,
+}
+LOG_SETTLE_S = 0.3
 CANARY_PROBES = {"canary_tool", "canary_reasoning", "canary_stream", "config_check"}
 
 
@@ -177,6 +186,8 @@ class Watcher:
                 proctree.poll_tree, self.tree, launched.pid, rt.run_id, self._titles()
             )
             self._record(await monitor.tick(now))
+            if self._lost(events):
+                await asyncio.sleep(LOG_SETTLE_S)  # let the reader take the dying process's last lines
             outcome = self._tree_fault(events, monitor, now) or self._probe_fault(monitor, now)
             if outcome is not None:
                 if rt.paused:
@@ -187,11 +198,14 @@ class Watcher:
                     return outcome
             await asyncio.sleep(tick)
 
-    def _tree_fault(self, events: list[proctree.TreeEvent], monitor: Monitor, now: float) -> Outcome | None:
+    def _lost(self, events: list[proctree.TreeEvent]) -> list[proctree.TreeEvent]:
+        """Events that are real losses: a rank counts only once it had appeared (ranks spawn during a load)."""
         if self.tree is not None:
             self.seen_ranks |= {r.title for r in self.tree.ranks if r.status == "running"}
-        # a rank counts as lost only once it had appeared: during a load the ranks are still being spawned
-        events = [e for e in events if e.kind != "rank_lost" or e.title in self.seen_ranks]
+        return [e for e in events if e.kind != "rank_lost" or e.title in self.seen_ranks]
+
+    def _tree_fault(self, events: list[proctree.TreeEvent], monitor: Monitor, now: float) -> Outcome | None:
+        events = self._lost(events)
         if not events:
             return None
         launched = self.rt.launched
@@ -203,13 +217,19 @@ class Watcher:
             "log_tail": launched.tail(20) if launched else [],
         }
         starting = self.rt.state is S.STARTING
+        # the dying process's last lines say why (OOM, Xid, IMA) before the probes' log watch reads them
+        fatal = [h for h in scan(launched.tail(300) if launched else []) if h.signature.fatal]
+        tags = sorted({h.signature.tag for h in fatal if h.signature.tag})
+        for kind in (FaultKind.GPU_FAULT, FaultKind.OOM):
+            lines = [h.line for h in fatal if h.signature.kind == kind][-3:]
+            if lines:
+                why = f"{kind.value} in the log: {lines[-1][:200]}"
+                return Outcome(kind.value, why, {**evidence, "log_hits": lines, "tags": tags})
         diagnosed = monitor.diagnose(now, "starting" if starting else "serving")
-        if diagnosed is not None and diagnosed.kind in (
-            FaultKind.OOM,
-            FaultKind.GPU_FAULT,
-            FaultKind.COLLECTIVE_HANG,
-        ):
+        if diagnosed is not None and diagnosed.kind in (FaultKind.GPU_FAULT, FaultKind.COLLECTIVE_HANG):
             return Outcome(diagnosed.kind, diagnosed.reason, {**evidence, **dict(diagnosed.evidence)})
+        if tags:
+            evidence["tags"] = tags
         what = "; ".join(f"{e.kind} {e.title or e.pid}" for e in events)
         kind = FaultKind.STARTUP_FAILURE if starting else FaultKind.CRASH
         return Outcome(kind.value, f"{what} (exit code {code})", evidence)
@@ -234,6 +254,10 @@ class Watcher:
                 )
             if view.health_ok and view.canary_ok:
                 rt.ctx.became_serving(rt)
+                return None
+            fault = monitor.diagnose(now, "starting")
+            if fault is not None and fault.kind in STARTUP_WEDGES:
+                return Outcome(fault.kind, fault.reason, dict(fault.evidence), confidence=fault.confidence)
             return None
         fault = monitor.diagnose(now, rt.state.value if rt.state in (S.SERVING, S.DEGRADED) else "serving")
         if fault is None:

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,8 +125,6 @@ class Sim:
 
     def state(self) -> dict[str, Any]:
         """GET /sim/state (needs SGLANG_SIM_CONTROL=1)."""
-        import urllib.request
-
         with urllib.request.urlopen(f"{self.base_url}/sim/state", timeout=10) as resp:
             return dict(json.loads(resp.read(1024 * 1024)))
 

@@ -241,6 +241,22 @@ def wait_ready(sim: Sim, timeout: float = 30.0) -> None:
     wait_for(lambda: sim.get("/health").status == 200, timeout, "/health 200")
 
 
+def kill_group(sim: Sim) -> None:
+    """SIGKILL one server's process group (others sharing its state dir live on); wait until it is gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(sim.pid, signal.SIGKILL)
+    sim.proc.wait(timeout=10)
+
+    def gone() -> bool:
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                if os.getpgid(proc.pid) == sim.pid and proc.status() != psutil.STATUS_ZOMBIE:
+                    return False
+        return True
+
+    wait_for(gone, 10, "the process group gone")
+
+
 def cleanup(sim: Sim) -> None:
     """SIGKILL the process group and every process carrying the state dir; wait until none is left."""
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -12,10 +12,12 @@ import aiohttp
 import pytest
 from probes_support import Sim, launch_sim
 
-from policies.diagnose import Fault
+from policies.diagnose import DiagnoseContext, Fault, diagnose
+from probes.canary import tool_canary
 from probes.health import probe_health
 from probes.monitor import Monitor
 from probes.settings import ProbeSettings
+from probes.stream_canary import stream_canary
 
 KIMI = "moonshotai/Kimi-K2.5"
 
@@ -107,6 +109,7 @@ async def test_canary_passes_with_the_right_parsers_at_under_one_request_per_sec
             await monitor.aclose()
         counts = sim.state()["requests_by_endpoint"]
     ours = sum(n for path, n in counts.items() if path not in ("/model_info", "/generate", "/sim/state"))
+    print(f"probe requests: {ours} in {elapsed:.1f}s = {ours / elapsed:.2f}/s {counts}")
     assert ours / elapsed <= 1.0, counts
 
 
@@ -198,3 +201,24 @@ async def test_long_prefill_health_503_is_not_a_fault(tmp_path: Path) -> None:
             await monitor.aclose()
     assert 503 in statuses, "the scenario must produce /health false negatives"
     assert faults == []
+
+
+@pytest.mark.e2e
+async def test_leak_only_under_concurrency_is_stream_leak(tmp_path: Path) -> None:
+    """F16: the single canary passes, concurrent streams leak markup: stream_leak, alert only."""
+    settings = ProbeSettings(stream_canary_concurrency=32, canary_timeout_s=20)
+    scenario = "tool_markup_leak_under_load"
+    with launch_sim(tmp_path, KIMI, "--tool-call-parser", "kimi_k2", scenario=scenario) as sim:
+        monitor = monitor_for(sim, KIMI, settings)
+        try:
+            await drive(monitor, lambda now: monitor.startup(now).health_ok, 30)
+        finally:
+            await monitor.aclose()
+        async with aiohttp.ClientSession() as session:
+            single = await tool_canary(session, sim.base_url, KIMI, settings)
+            concurrent = await stream_canary(session, sim.base_url, KIMI, settings, single_ok=single.ok)
+    assert single.ok
+    assert concurrent.values["verdict"] == "fail" and concurrent.values["leaks"]
+    ctx = DiagnoseContext("serving", "unified", 0.0, settings)
+    fault = diagnose([single, concurrent], ctx, time.monotonic())
+    assert fault is not None and fault.kind == "stream_leak" and not fault.restart

@@ -31,6 +31,7 @@ from simulator.faults import CATALOG
 
 FAST = {**FAST_CRASH, "SGLANG_HEALTH_CHECK_TIMEOUT": "2"}
 LONG = {"text": "tell me a story", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
+MEDIUM = {"text": "tell me a story", "sampling_params": {"max_new_tokens": 48, "ignore_eos": True}}
 TOOLS: list[Any] = [
     {
         "type": "function",
@@ -51,7 +52,7 @@ def _scenario(name: str) -> dict[str, str]:
     return {"SGLANG_SIM_SCENARIO": name, **FAST}
 
 
-def _hang_one(sim: Sim, pool: ThreadPoolExecutor, body: dict[str, Any] = LONG) -> Future[Any]:
+def _hang_one(sim: Sim, pool: ThreadPoolExecutor, body: dict[str, Any] = MEDIUM) -> Future[Any]:
     """Send requests until one stays open (the wedge), returning its future."""
     for _ in range(6):
         future = pool.submit(sim.post, "/generate", body, 120)
@@ -87,8 +88,8 @@ def test_f1_overlap_tp_desync_hang(tmp_path: Path) -> None:
     """F1: health 200 (busy path), counters and gauges frozen, ranks split broadcast/all_reduce, watchdog teardown."""
     args = ("--tp-size", "2", "--enable-metrics", "--watchdog-timeout", "4")
     with (
-        launched_sim(tmp_path, *args, env=_scenario("overlap_tp_desync_hang")) as sim,
         ThreadPoolExecutor(4) as pool,
+        launched_sim(tmp_path, *args, env=_scenario("overlap_tp_desync_hang")) as sim,
     ):
         _hang_one(sim, pool)
         first = sim.metrics()
@@ -116,8 +117,8 @@ def test_f2_watchdog_disabled_silent_wedge(tmp_path: Path) -> None:
     """F2: health 503 after the timeout, no watchdog even past its timeout, the tree stays up."""
     args = ("--tp-size", "2", "--watchdog-timeout", "1")
     with (
-        launched_sim(tmp_path, *args, env=_scenario("watchdog_disabled_silent_wedge")) as sim,
         ThreadPoolExecutor(4) as pool,
+        launched_sim(tmp_path, *args, env=_scenario("watchdog_disabled_silent_wedge")) as sim,
     ):
         _hang_one(sim, pool)
         assert sim.get("/health").status == 503
@@ -134,10 +135,10 @@ def test_f2_watchdog_disabled_silent_wedge(tmp_path: Path) -> None:
 def test_f6_custom_allreduce_spin_sigterm_immune(tmp_path: Path) -> None:
     """F6: GPUs at 100 % on idle power; SIGTERM leaves main draining and ranks spinning; SIGKILL frees the GPUs."""
     with (
+        ThreadPoolExecutor(4) as pool,
         launched_sim(
             tmp_path, "--tp-size", "2", env=_scenario("custom_allreduce_spin_sigterm_immune")
         ) as sim,
-        ThreadPoolExecutor(4) as pool,
     ):
         _hang_one(sim, pool)
         gpus = _gpus_when(sim, lambda g: g["utilization_gpu"] >= 99)
@@ -160,12 +161,12 @@ def test_f7_spec_decode_kernel_spin_on_long_outputs_only(tmp_path: Path) -> None
     """F7: with speculative decoding a short request passes, a long one spins in the verify kernel; health 200."""
     args = ("--tp-size", "2", "--speculative-algorithm", "EAGLE")
     with (
-        launched_sim(tmp_path, *args, env=_scenario("spec_decode_kernel_spin")) as sim,
         ThreadPoolExecutor(2) as pool,
+        launched_sim(tmp_path, *args, env=_scenario("spec_decode_kernel_spin")) as sim,
     ):
         short = {"text": "hi", "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}
         assert sim.post("/generate", short).status == 200
-        _hang_one(sim, pool)
+        _hang_one(sim, pool, {"text": "long", "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}})
         assert sim.get("/health").status == 200
         assert "tree_speculative_sampling_target_only" in pyspy_dump(_ranks(sim)["sglang::scheduler_TP0"].pid)
 
@@ -191,7 +192,7 @@ def test_f9_illegal_memory_access_at_concurrency(tmp_path: Path) -> None:
     """F9 (TOML concurrency_ge): IMA lines, rank exit -6 seen by the SubprocessWatchdog, Xid 13 in nvml.json."""
     path = scenario_file(tmp_path, '[[fault]]\nname = "illegal_memory_access"\nconcurrency_ge = 4\n')
     env = {**_scenario(path), "SGLANG_SIM_STEP_S": "0.05"}
-    with launched_sim(tmp_path, "--tp-size", "2", env=env) as sim, ThreadPoolExecutor(6) as pool:
+    with ThreadPoolExecutor(6) as pool, launched_sim(tmp_path, "--tp-size", "2", env=env) as sim:
         futures = [pool.submit(sim.post, "/generate", LONG, 60) for _ in range(6)]
         sim.wait_log("CUDA error: an illegal memory access was encountered")
         sim.wait_log(r"Subprocess scheduler_0 \(pid=\d+\) crashed with exit code -6")
@@ -207,7 +208,7 @@ def test_f9_illegal_memory_access_at_concurrency(tmp_path: Path) -> None:
 def test_f10_zombie_after_cpp_abort(tmp_path: Path) -> None:
     """F10 (TOML after_s): a rank aborts unseen; HTTP lives on, chat hangs, health 503, one scheduler missing."""
     path = scenario_file(tmp_path, '[[fault]]\nname = "zombie_after_cpp_abort"\nafter_s = 1\n')
-    with launched_sim(tmp_path, "--tp-size", "2", env=_scenario(path)) as sim, ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(2) as pool, launched_sim(tmp_path, "--tp-size", "2", env=_scenario(path)) as sim:
         _hang_one(sim, pool)
         wait_for(lambda: len(_ranks(sim)) == 1, 10, "a scheduler gone")
         assert sim.get("/health").status == 503
@@ -273,8 +274,8 @@ def test_f13_long_prefill_health_false_negative_with_progress(tmp_path: Path) ->
     text = '[[fault]]\nname = "health_false_negative_long_prefill"\nprompt_tokens_ge = 2000\n[fault.params]\nchunk_s = 2.5\nduration_s = 30\n'
     env = {**_scenario(scenario_file(tmp_path, text)), "SGLANG_HEALTH_CHECK_TIMEOUT": "1"}
     with (
-        launched_sim(tmp_path, "--tp-size", "2", "--enable-metrics", env=env) as sim,
         ThreadPoolExecutor(2) as pool,
+        launched_sim(tmp_path, "--tp-size", "2", "--enable-metrics", env=env) as sim,
     ):
         assert sim.post("/generate", {"text": "short"}).status == 200
         pool.submit(sim.post, "/generate", {"text": "x " * 6000}, 120)
@@ -318,7 +319,7 @@ def test_f16_tool_markup_leaks_in_streams_under_load(tmp_path: Path) -> None:
     path = scenario_file(tmp_path, '[[fault]]\nname = "tool_markup_leak_under_load"\nconcurrency_ge = 3\n')
     env = {**_scenario(path), "SGLANG_SIM_STEP_S": "0.05"}
     args = ("--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3")
-    with launched_sim(tmp_path, *args, env=env) as sim, ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(8) as pool, launched_sim(tmp_path, *args, env=env) as sim:
         body = {**CHAT, "tools": TOOLS, "stream": True}
         streams = [
             s.body.decode() for s in pool.map(lambda _: sim.post("/v1/chat/completions", body), range(8))
@@ -341,7 +342,7 @@ def test_f17_abort_storm_crashes_the_tokenizer(tmp_path: Path) -> None:
     """F17 (TOML disconnects_ge): many clients dropping their streams make the TokenizerManager die."""
     path = scenario_file(tmp_path, '[[fault]]\nname = "abort_storm_tokenizer_crash"\ndisconnects_ge = 4\n')
     env = {**_scenario(path), "SGLANG_SIM_STEP_S": "0.1"}
-    with launched_sim(tmp_path, env=env) as sim, ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(8) as pool, launched_sim(tmp_path, env=env) as sim:
 
         def drop() -> None:
             req = urllib.request.Request(

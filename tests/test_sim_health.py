@@ -85,9 +85,11 @@ def test_generation_disabled_health_is_instant_but_health_generate_generates(tmp
 def test_busy_with_slow_forwards_gives_a_false_503(tmp_path: Path) -> None:
     """Forwards longer than the health timeout: /health 503 while the request still completes fine."""
     env = {"SGLANG_HEALTH_CHECK_TIMEOUT": "1", "SGLANG_SIM_STEP_S": "1.5"}
-    with launched_sim(tmp_path, "--tp-size", "2", "--skip-server-warmup", env=env) as sim:
-        with ThreadPoolExecutor(1) as pool:
-            body = {"text": "slow", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}
-            reply = pool.submit(sim.post, "/generate", body, 60)
-            wait_for(lambda: sim.get("/health").status == 503, 20, "a false 503 while busy", interval=0)
-            assert reply.result(timeout=60).status == 200
+    with (
+        ThreadPoolExecutor(1) as pool,
+        launched_sim(tmp_path, "--tp-size", "2", "--skip-server-warmup", env=env) as sim,
+    ):
+        body = {"text": "slow", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}
+        reply = pool.submit(sim.post, "/generate", body, 60)
+        wait_for(lambda: sim.get("/health").status == 503, 20, "a false 503 while busy", interval=0)
+        assert reply.result(timeout=60).status == 200

@@ -62,7 +62,8 @@ def _client(sim: Sim) -> openai.OpenAI:
 
 
 def _streamed(client: openai.OpenAI, model: str) -> tuple[str, dict[int, dict[str, str]], str | None]:
-    content, calls, finish = "", {}, None
+    content, finish = "", None
+    calls: dict[int, dict[str, str]] = {}
     for chunk in client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, stream=True):
         if not chunk.choices:
             continue
@@ -93,7 +94,7 @@ def test_each_family_with_its_parsers_gives_structured_tool_calls(tmp_path: Path
             message = reply.choices[0].message
             assert reply.choices[0].finish_reason == "tool_calls", family
             assert message.tool_calls and message.tool_calls[0].type == "function"
-            function = message.tool_calls[0].function  # type: ignore[union-attr]
+            function = message.tool_calls[0].function
             assert function.name == "get_weather"
             assert json.loads(function.arguments)["city"] == "Oslo"
             assert not LEAK.search(message.content or ""), family

@@ -261,3 +261,38 @@ def poll(pred: Callable[[], bool], timeout: float, what: str) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out: {what}")
+
+
+class Traffic:
+    """Background chat requests to the simulator (bounded: one at a time, short timeouts, stops on exit)."""
+
+    def __init__(self, base_url: str, model: str, period_s: float = 0.3, max_requests: int = 2000) -> None:
+        import threading
+
+        self.base_url, self.model, self.period_s, self.max_requests = base_url, model, period_s, max_requests
+        self.stop = threading.Event()
+        self.sent = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        body = json.dumps(
+            {"model": self.model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16}
+        ).encode()
+        while not self.stop.is_set() and self.sent < self.max_requests:
+            self.sent += 1
+            req = urllib.request.Request(
+                self.base_url + "/v1/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
+            with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+                urllib.request.urlopen(req, timeout=3).read()
+            self.stop.wait(self.period_s)
+
+    def __enter__(self) -> Traffic:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)

@@ -1,0 +1,102 @@
+"""Recovery policies end to end: fallback ladders, sticky rungs, parser fix, forensics first."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.support import Traffic, deployment
+
+pytestmark = pytest.mark.e2e
+
+
+def serving(s: dict[str, Any]) -> bool:
+    return s.get("state") == "serving"
+
+
+def test_desync_hang_relaunches_with_disable_overlap_and_stays_cured(tmp_path: Path) -> None:
+    """overlap_tp_desync_hang recurring until --disable-overlap-schedule: rung 1 adds it, the fault stays away."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(
+        '[[fault]]\nname = "overlap_tp_desync_hang"\nafter_requests = 6\nrecur_until_flag = "--disable-overlap-schedule"\n'
+    )
+    with deployment(tmp_path, env={"SGLANG_SIM_SCENARIO": str(scenario)}, probes={"stall_after_s": 4}) as dep:
+        dep.start()
+        first = dep.wait(serving, what="serving")
+        with Traffic(dep.sim_url, dep.model):
+            cured = dep.wait(
+                lambda s: serving(s) and s["pid"] != first["pid"], timeout=120, what="relaunched"
+            )
+        assert "--disable-overlap-schedule" in cured["argv"]
+        assert cured["fallback"]["rung"] == 1
+        assert (
+            "collective_hang" in cured["fallback"]["reason"] or "decode_wedge" in cured["fallback"]["reason"]
+        )
+        incident = cured["last_incident"]
+        assert incident["fault"] in ("collective_hang", "decode_wedge")
+        assert "--disable-overlap-schedule" in incident["flags_added"]
+        bundle = Path(incident["forensics_path"])
+        stacks = {p.name for p in bundle.glob("stack-*.txt")}
+        assert {"stack-sglang_scheduler_TP0.txt", "stack-sglang_scheduler_TP1.txt"} <= stacks, (
+            "one stack per rank"
+        )
+        assert json.loads((bundle / "summary.json").read_text())["fault"] == incident["fault"]
+        with Traffic(dep.sim_url, dep.model, max_requests=10) as traffic:
+            traffic.thread.join(timeout=60)
+        state = dep.sim_state()
+        assert {"name": "overlap_tp_desync_hang", "cured_by": "--disable-overlap-schedule"} in state[
+            "suppressed"
+        ]
+        assert dep.server()["pid"] == cured["pid"]
+
+
+def test_oom_twice_steps_mem_fraction_down(tmp_path: Path) -> None:
+    """runtime_cuda_oom_crash twice: the second relaunch lowers --mem-fraction-static by one step."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text('[[fault]]\nname = "runtime_cuda_oom_crash"\nafter_requests = 6\nrecur = true\n')
+    with deployment(tmp_path, env={"SGLANG_SIM_SCENARIO": str(scenario)}) as dep:
+        dep.start()
+        first = dep.wait(serving, what="serving")
+        with Traffic(dep.sim_url, dep.model):
+            dep.wait(lambda s: s["restarts"] >= 1, timeout=60, what="first oom")
+        second = dep.wait(serving, timeout=60, what="first relaunch")
+        assert "--mem-fraction-static" not in " ".join(second["argv"]), "a first OOM relaunches unchanged"
+        with Traffic(dep.sim_url, dep.model):
+            dep.wait(lambda s: s["restarts"] >= 2, timeout=60, what="second oom")
+        third = dep.wait(serving, timeout=60, what="second relaunch")
+        assert first["pid"] != second["pid"] != third["pid"]
+        assert third["last_incident"]["fault"] == "oom"
+        assert "--mem-fraction-static=0.83" in third["argv"] or "0.83" in third["argv"]
+
+
+def test_parser_missing_is_fixed_with_the_family_parsers(tmp_path: Path) -> None:
+    """Kimi-K2.5 launched without parsers: parser_misconfig at the first canary, relaunched with kimi_k2 ones."""
+    with deployment(tmp_path, parsers=(None, None)) as dep:
+        dep.start()
+        fixed = dep.wait(serving, timeout=90, what="serving after the parser fix")
+        assert "--tool-call-parser" in " ".join(fixed["argv"]) and "kimi_k2" in fixed["argv"]
+        assert fixed["last_incident"]["fault"] == "parser_misconfig"
+        assert fixed["restarts"] == 1
+
+
+def test_rung_survives_a_daemon_restart(tmp_path: Path) -> None:
+    """The active rung is in state.json: a restarted daemon relaunches with the fallback flag."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(
+        '[[fault]]\nname = "overlap_tp_desync_hang"\nafter_requests = 6\nrecur_until_flag = "--disable-overlap-schedule"\n'
+    )
+    with deployment(tmp_path, env={"SGLANG_SIM_SCENARIO": str(scenario)}, probes={"stall_after_s": 4}) as dep:
+        daemon = dep.start()
+        first = dep.wait(serving, what="serving")
+        with Traffic(dep.sim_url, dep.model):
+            dep.wait(lambda s: serving(s) and s["pid"] != first["pid"], timeout=120, what="relaunched")
+        os.kill(daemon.pid, signal.SIGTERM)
+        assert daemon.wait(timeout=60) == 0
+        dep.start()
+        again = dep.wait(serving, what="serving under the new daemon")
+        assert "--disable-overlap-schedule" in again["argv"] and again["fallback"]["rung"] == 1
