@@ -3,7 +3,7 @@
 `launched_sim(tmp_path, *sglang_args, env=...)` starts `python -m simulator.launch_server` in its own session
 with a private state dir and free ports, polls until `/health` answers 200 (or not, with `ready=False`), yields
 a `Sim`, and at the end SIGKILLs its process group and every process whose environment names its state dir
-(orphans in their own session included).
+or that holds one of its stand-in GPUs (orphans in their own session included).
 """
 
 from __future__ import annotations
@@ -181,12 +181,17 @@ def title(proc: psutil.Process) -> str:
 
 
 def ours(state_dir: Path) -> list[psutil.Process]:
-    """Every live process whose environment carries this state dir (the run's marker)."""
+    """Every live process of this run: its environment names the state dir, or it holds a stand-in GPU open.
+
+    setproctitle overwrites the environment block of titled processes (as in SGLang), so the ranks are found
+    by the device files they hold.
+    """
+    pids = {pid for dev in sorted((state_dir / "dev").glob("nvidia*")) for pid in holders(dev)}
     found = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
-            mine = proc.pid != os.getpid() and proc.environ().get("SGLANG_SIM_STATE_DIR") == str(state_dir)
-            if mine and proc.status() != psutil.STATUS_ZOMBIE:
+            mine = proc.pid in pids or proc.environ().get("SGLANG_SIM_STATE_DIR") == str(state_dir)
+            if mine and proc.pid != os.getpid() and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
     return found
 

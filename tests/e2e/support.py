@@ -296,3 +296,105 @@ class Traffic:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join(timeout=10)
+
+
+@dataclass
+class PdDeployment(Deployment):
+    """A prefill (GPU 0), a decode (GPU 1) and a PD router on one simulated host."""
+
+    prefill_env: dict[str, str] = field(default_factory=dict)
+    decode_env: dict[str, str] = field(default_factory=dict)
+
+    def write(self) -> None:
+        self.tp = 1
+        self.boot = free_port()
+        self.decode_port = free_port_block(3)
+        self.router_port = free_port()
+        env = {
+            "SGLANG_SIM_STATE_DIR": str(self.sim),
+            "SGLANG_SIM_SHM_DIR": str(self.sim / "shm"),
+            "SGLANG_SIM_CONTROL": "1",
+            "SGLANG_SIM_STARTUP_S": "0.3",
+            "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+            "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
+            "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "120",
+            **self.env,
+        }
+        sim = [sys.executable, "-m", "simulator.launch_server"]
+        common = ["--model-path", self.model, "--enable-metrics", "--tool-call-parser", "kimi_k2"]
+        common += ["--reasoning-parser", "kimi_k2"]
+        servers = [
+            ("prefill", "prefill", sim, [*common, "--disaggregation-mode", "prefill", "--port", str(self.port),
+             "--disaggregation-bootstrap-port", str(self.boot)], [0], {**env, **self.prefill_env},
+             [self.port + 2, self.boot]),
+            ("decode", "decode", sim, [*common, "--disaggregation-mode", "decode", "--port", str(self.decode_port),
+             "--disaggregation-bootstrap-port", str(self.boot)], [1], {**env, **self.decode_env},
+             [self.decode_port + 2]),
+            ("router", "router", [sys.executable, "-m", "simulator.launch_router"],
+             ["--pd-disaggregation", "--prefill", f"http://127.0.0.1:{self.port}", str(self.boot), "--decode",
+              f"http://127.0.0.1:{self.decode_port}", "--host", "127.0.0.1", "--port", str(self.router_port)],
+             [], {"SGLANG_SIM_STATE_DIR": str(self.sim)}, []),
+        ]  # fmt: skip
+        (self.root / "token").write_text(self.token + "\n")
+        lines = [
+            "[supervisor]",
+            f"state_dir = {q(str(self.root / 'state'))}",
+            f"log_dir = {q(str(self.root / 'log'))}",
+            f"shm_dir = {q(str(self.sim / 'shm'))}",
+            'gpu_backend = "sim"',
+            f"sim_state_dir = {q(str(self.sim))}",
+            "release_deadline_s = 15",
+            "[supervisor.http]",
+            'host = "127.0.0.1"',
+            f"port = {self.http_port}",
+            f"token_file = {q(str(self.root / 'token'))}",
+            "[supervisor.restart]",
+            "initial_s = 0.2",
+            "max_s = 2.0",
+        ]
+        for name, role, command, args, gpus, senv, ports in servers:
+            lines += [
+                "[[servers]]",
+                f"name = {q(name)}",
+                f"role = {q(role)}",
+                f"command = {json.dumps(command)}",
+                f"args = {json.dumps(args)}",
+                f"gpus = {gpus}",
+                f"gpu_device_paths = {json.dumps([str(self.sim / 'dev' / f'nvidia{g}') for g in gpus])}",
+                f"ports = {ports}",
+                "startup_budget_s = 120",
+                "drain_grace_s = 10",
+                "[servers.env]",
+                *(f"{k} = {q(v)}" for k, v in senv.items()),
+                "[servers.probes]",
+                *(f"{k} = {json.dumps(v)}" for k, v in self.probes.items()),
+            ]
+        self.config_path.write_text("\n".join(lines) + "\n")
+
+    def named(self, name: str) -> dict[str, Any]:
+        """One server's status by name."""
+        return next(s for s in self.status()["servers"] if s["name"] == name)
+
+    def wait_all(
+        self, pred: Callable[[dict[str, dict[str, Any]]], bool], timeout: float = 90.0, what: str = ""
+    ) -> dict[str, dict[str, Any]]:
+        """Poll /status until `pred({name: server})` holds."""
+        deadline = time.monotonic() + timeout
+        last: dict[str, dict[str, Any]] = {}
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError, urllib.error.URLError, KeyError):
+                last = {s["name"]: s for s in self.status()["servers"]}
+                if pred(last):
+                    return last
+            time.sleep(0.1)
+        states = {k: (v["state"], v["reason"]) for k, v in last.items()}
+        raise AssertionError(f"timed out waiting for {what}: {states}\n{self.log_tail()}")
+
+    def ours(self) -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                env = proc.environ()
+                if env.get("SGLANG_SIM_STATE_DIR") == str(self.sim) and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+        return found

@@ -96,8 +96,17 @@ def test_sim_backend_drops_dead_pids_and_gates_verify(
 
 
 @pytest.mark.process
-def test_sim_backend_missing_state_is_a_reason(tmp_path: Path) -> None:
-    """Without nvml.json, verify_free is not ok and says which file it could not read."""
+def test_sim_backend_without_state_reports_idle_gpus(tmp_path: Path) -> None:
+    """Without nvml.json (no simulated server ever ran there) the stand-in GPUs are free and idle."""
+    samples = gpu.open_backend("sim", tmp_path).snapshot([0, 1])
+    assert [(s.index, s.memory_used_mib, s.pids) for s in samples] == [(0, 0.0, ()), (1, 0.0, ())]
+    assert gpu.verify_free([0], [], gpu.open_backend("sim", tmp_path), 500.0, deadline_s=0.1).ok
+
+
+@pytest.mark.unit
+def test_sim_backend_unreadable_state_is_a_reason(tmp_path: Path) -> None:
+    """A corrupt nvml.json makes verify_free not ok, naming the file."""
+    (tmp_path / "nvml.json").write_text("{not json")
     result = gpu.verify_free([0], [], gpu.open_backend("sim", tmp_path), 500.0, deadline_s=0.1)
     assert not result.ok and "nvml.json" in result.reason
 

@@ -1,0 +1,59 @@
+"""PD disaggregation under the supervisor: faults are attributed to the right side and restarts are ordered."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.support import PdDeployment, Traffic
+
+pytestmark = pytest.mark.e2e
+Servers = dict[str, dict[str, Any]]
+
+
+def all_serving(s: Servers) -> bool:
+    return all(v["state"] == "serving" for v in s.values())
+
+
+def test_decode_transfer_wedge_restarts_only_the_decode(tmp_path: Path) -> None:
+    """pd_decode_transfer_wedge: pd_transfer_wedge on the decode; the prefill keeps its PID."""
+    dep = PdDeployment(
+        tmp_path, decode_env={"SGLANG_SIM_SCENARIO": "pd_decode_transfer_wedge"}, probes={"stall_after_s": 4}
+    )
+    try:
+        dep.start()
+        first = dep.wait_all(all_serving, what="all serving")
+        with Traffic(f"http://127.0.0.1:{dep.router_port}", dep.model, period_s=1.0):
+            after = dep.wait_all(
+                lambda s: s["decode"]["restarts"] >= 1 and s["decode"]["state"] == "serving",
+                timeout=120,
+                what="decode recovered",
+            )
+        assert after["decode"]["last_incident"]["fault"] == "pd_transfer_wedge"
+        assert after["prefill"]["pid"] == first["prefill"]["pid"] and after["prefill"]["restarts"] == 0
+        assert after["router"]["pid"] == first["router"]["pid"]
+    finally:
+        dep.cleanup()
+
+
+def test_prefill_restart_is_followed_by_a_decode_restart(tmp_path: Path) -> None:
+    """prefill_replaced_decode_stale: after the prefill is replaced, the supervisor restarts the decode too."""
+    dep = PdDeployment(tmp_path)
+    try:
+        dep.start()
+        first = dep.wait_all(all_serving, what="all serving")
+        os.kill(first["prefill"]["pid"], signal.SIGKILL)
+        after = dep.wait_all(
+            lambda s: all_serving(s) and s["decode"]["pid"] != first["decode"]["pid"],
+            timeout=120,
+            what="decode restarted",
+        )
+        assert after["prefill"]["pid"] != first["prefill"]["pid"]
+        assert after["router"]["pid"] == first["router"]["pid"]
+        assert "prefill" in str(after["decode"]["last_incident"]["reason"])
+    finally:
+        dep.cleanup()
