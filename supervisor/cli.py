@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:9400"
+EX_CONFIG = 78  # sysexits: the unit's RestartPreventExitStatus — restarting cannot fix a bad config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,7 +97,10 @@ def cmd_run(path: Path, level: str) -> int:
         cfg = load_config(path)
     except ConfigError as exc:
         print(exc.format_errors(), file=sys.stderr)
-        return 1
+        return EX_CONFIG
+    except OSError as exc:
+        print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
+        return EX_CONFIG
     try:
         daemon = Daemon(cfg, path)
     except GpuBackendUnavailable as exc:

@@ -54,9 +54,12 @@ async def stop_and_release(
     run_id: str,
     mode: str,
     known: list[ProcId],
-    reap_any_run: bool = False,
+    any_run_of: str | None = None,
 ) -> ReleaseReport:
-    """Stop the tree (drain or kill), reap every process of ours, verify GPUs and ports free, sweep shm."""
+    """Stop the tree (drain or kill), reap every process of ours, verify GPUs and ports free, sweep shm.
+
+    `any_run_of`: a server marker; every run carrying it is reaped too (what a previous daemon left).
+    """
     report = ReleaseReport(True, "")
     t0 = time.monotonic()
     result = await asyncio.to_thread(
@@ -70,7 +73,7 @@ async def stop_and_release(
         sup.allowlist,
         list(cfg.device_paths),
         known,
-        cfg.name if reap_any_run else None,
+        any_run_of,
     )
     report.steps["stop_and_reap"] = time.monotonic() - t0
     report.killed = [{"pid": k.pid, "name": k.name, "route": k.route} for k in result.killed]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import random
 import time
 import uuid
@@ -49,6 +50,10 @@ class ServerRuntime:
         self.cfg = cfg
         self.ctx = ctx
         self.name = cfg.name
+        # the server marker names this deployment too (its state dir), so two daemons on one host
+        # (or a test and a benchmark) never reap each other's servers of the same name
+        state_dir = str(Path(ctx.config.supervisor.state_dir).resolve())
+        self.marker = f"{cfg.name}@{hashlib.sha1(state_dir.encode()).hexdigest()[:10]}"
         self.log = structlog.get_logger().bind(server=cfg.name)
         self.state = S.STOPPED
         self.since = time.time()
@@ -130,7 +135,7 @@ class ServerRuntime:
         We reap rather than adopt: the old tree's stdout was a pipe to the dead daemon, its launch was not
         watched, and its flags may predate the current config — relaunching costs a load but is certain.
         """
-        found = proctree.find_marked(server=self.name)
+        found = proctree.find_marked(server=self.marker)
         if not found and not self.record.pid:
             return
         self.log.warning("recovery.reap_previous", pids=[p.pid for p in found], run_id=self.record.run_id)
@@ -143,7 +148,7 @@ class ServerRuntime:
             run_id=self.record.run_id or "",
             mode="kill",
             known=[],
-            reap_any_run=True,
+            any_run_of=self.marker,
         )
         if not report.ok:
             self.transition(S.FAILED, f"could not reap the previous run: {report.reason}")
@@ -277,9 +282,37 @@ class ServerRuntime:
         self.ctx.save_state()
         return report
 
+    def promotion_due(self, now: float, quiet: bool) -> Command | None:
+        """Promote-back (off by default): after a stable period, at a quiet moment, try one rung lower."""
+        policy = self.cfg.policy
+        if not policy.promote_back or not quiet or self.serving_since is None or self.rung == 0:
+            return None
+        if now - self.serving_since < policy.promote_after_s:
+            return None
+        key = max(self.record.levels, key=lambda k: self.record.levels[k])
+        return Command(
+            "promote",
+            f"stable for {policy.promote_after_s:g}s: try {key} rung {self.record.levels[key] - 1}",
+            "supervisor",
+        )
+
+    def promote(self) -> None:
+        """Lower the highest ladder one rung; recorded in the history so a returning fault steps back up at once."""
+        key = max(self.record.levels, key=lambda k: self.record.levels[k])
+        level = self.record.levels[key] - 1
+        self.record.history.append([key, level])
+        if level:
+            self.record.levels[key] = level
+        else:
+            del self.record.levels[key]
+        self.ctx.metrics.set_rung(self.name, self.rung)
+        self.ctx.save_state()
+
     async def planned_restart(self, cmd: Command) -> None:
-        """An operator restart: an incident with who and why, drain, release, relaunch at once."""
-        self.ctx.operator_incident(self, "restart", cmd)
+        """An operator restart (or a promotion): an incident with who and why, drain, release, relaunch at once."""
+        if cmd.kind == "promote":
+            self.promote()
+        self.ctx.operator_incident(self, cmd.kind, cmd)
         self.transition(S.STOPPING, f"restart requested by {cmd.actor}: {cmd.reason}")
         report = await self.release(mode="drain")
         if cmd.done is not None and not cmd.done.done():

@@ -85,6 +85,7 @@ class Watcher:
         self.monitor: Monitor | None = None
         self.alerted_degraded = False
         self.paused_fault: str = ""
+        self.paused_outcome: Outcome | None = None
         self.seen_ranks: set[str] = set()
 
     def base_url(self) -> str:
@@ -170,7 +171,7 @@ class Watcher:
             self.monitor = self._new_monitor()
         monitor = self.monitor
         self.tree, self.cursor, self.alerted_degraded, self.paused_fault = None, 0, False, ""
-        self.seen_ranks = set()
+        self.seen_ranks, self.paused_outcome = set(), None
         monitor.reset(time.monotonic())
         launched = rt.launched
         assert launched is not None
@@ -181,6 +182,9 @@ class Watcher:
                 kind = rt.handle_command(cmd)
                 if kind in ("restart", "stop"):
                     return Outcome(command=cmd if kind == "restart" else None)
+            if self.paused_outcome is not None and not rt.paused:
+                held, self.paused_outcome = self.paused_outcome, None
+                return held  # resumed: act on the fault seen while paused
             now = time.monotonic()
             self.tree, events = await asyncio.to_thread(
                 proctree.poll_tree, self.tree, launched.pid, rt.run_id, self._titles()
@@ -189,6 +193,8 @@ class Watcher:
             if self._lost(events):
                 await asyncio.sleep(LOG_SETTLE_S)  # let the reader take the dying process's last lines
             outcome = self._tree_fault(events, monitor, now) or self._probe_fault(monitor, now)
+            if outcome is not None and outcome.command is not None:
+                return outcome
             if outcome is not None:
                 if rt.paused:
                     self._observe_paused(outcome)
@@ -261,6 +267,11 @@ class Watcher:
             return None
         fault = monitor.diagnose(now, rt.state.value if rt.state in (S.SERVING, S.DEGRADED) else "serving")
         if fault is None:
+            if rt.state is S.SERVING and not rt.paused:
+                progress = monitor.snapshot().get("probes", {}).get("progress", {})
+                promote = rt.promotion_due(now, quiet=not progress.get("values", {}).get("work", True))
+                if promote is not None:
+                    return Outcome(command=promote)
             return None
         return Outcome(
             fault.kind, fault.reason, dict(fault.evidence), restart=fault.restart, confidence=fault.confidence
@@ -277,6 +288,8 @@ class Watcher:
         if self.paused_fault == outcome.fault_kind:
             return
         self.paused_fault = outcome.fault_kind
+        if outcome.restart:
+            self.paused_outcome = outcome
         self.rt.log.warning("fault.observed_paused", fault=outcome.fault_kind, reason=outcome.reason)
         self.rt.ctx.paused_incident(self.rt, outcome)
 

@@ -23,7 +23,7 @@ from policies.leaks import (
     judge_tool,
 )
 
-MARKERS_JSON = Path("/work/shared/reference/sglang-0.5.23-markers.json")
+MARKERS_JSON = Path(__file__).parent / "data" / "sglang-0.5.23-markers.json"
 
 # The raw text of one get_weather(city="Paris") call per parser (parsers.md §1).
 RAW_CALLS = {

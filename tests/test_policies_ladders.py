@@ -23,7 +23,7 @@ from policies.ladders import (
 )
 from policies.states import FaultKind
 
-FLAGS_FILE = Path("/work/shared/reference/sglang-0.5.23-flags.txt")
+FLAGS_FILE = Path(__file__).parent / "data" / "sglang-0.5.23-flags.txt"
 BASE = (
     "--model-path",
     "m",

@@ -16,7 +16,7 @@ from policies.parsers_table import (
     parsers_match,
 )
 
-MARKERS = Path("/work/shared/reference/sglang-0.5.23-markers.json")
+MARKERS = Path(__file__).parent / "data" / "sglang-0.5.23-markers.json"
 
 
 @pytest.mark.unit

@@ -18,24 +18,11 @@ from simulator.cli import (
 
 _FLAGS_NAME = "sglang-0.5.23-flags.txt"
 _MARKERS_NAME = "sglang-0.5.23-markers.json"
-_REPO = Path(__file__).resolve().parent.parent
 
 
-def _reference(name: str) -> Path | None:
-    """The reference data file, from shared/ inside or beside the clone (where CI lays it)."""
-    for shared in (_REPO / "shared", _REPO.parent / "shared"):
-        path = shared / "reference" / name
-        if path.is_file():
-            return path
-    return None
-
-
-_FLAGS_FILE = _reference(_FLAGS_NAME)
-_MARKERS_FILE = _reference(_MARKERS_NAME)
-needs_flags = pytest.mark.skipif(_FLAGS_FILE is None, reason=f"shared/reference/{_FLAGS_NAME} not found")
-needs_markers = pytest.mark.skipif(
-    _MARKERS_FILE is None, reason=f"shared/reference/{_MARKERS_NAME} not found"
-)
+_DATA = Path(__file__).parent / "data"
+_FLAGS_FILE = _DATA / _FLAGS_NAME
+_MARKERS_FILE = _DATA / _MARKERS_NAME
 
 
 def _option_strings() -> list[str]:
@@ -51,7 +38,6 @@ def _exit_code(argv: list[str]) -> int:
 
 
 @pytest.mark.unit
-@needs_flags
 def test_every_option_string_exists_in_sglang_0_5_23() -> None:
     """Each option string the simulator accepts is one of real SGLang 0.5.23's option strings."""
     assert _FLAGS_FILE is not None
@@ -62,7 +48,6 @@ def test_every_option_string_exists_in_sglang_0_5_23() -> None:
 
 
 @pytest.mark.unit
-@needs_markers
 def test_parser_choices_are_the_0_5_23_registries() -> None:
     """--tool-call-parser and --reasoning-parser accept exactly SGLang 0.5.23's parser names."""
     assert _MARKERS_FILE is not None

@@ -64,6 +64,7 @@ class Deployment:
     env: dict[str, str] = field(default_factory=dict)
     restart: dict[str, float] = field(default_factory=dict)
     probes: dict[str, Any] = field(default_factory=dict)
+    policy: dict[str, Any] = field(default_factory=dict)
     parsers: tuple[str | None, str | None] = ("kimi_k2", "kimi_k2")
     token: str = "s3cret-token"
     daemon: subprocess.Popen[bytes] | None = None
@@ -141,6 +142,8 @@ class Deployment:
             *(f"{k} = {q(v)}" for k, v in env.items()),
             "[servers.probes]",
             *(f"{k} = {json.dumps(v)}" for k, v in self.probes.items()),
+            "[servers.policy]",
+            *(f"{k} = {json.dumps(v)}" for k, v in self.policy.items()),
         ]
         self.config_path.write_text("\n".join(lines) + "\n")
 
@@ -212,9 +215,8 @@ class Deployment:
         for proc in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
                 env = proc.environ()
-                mine = env.get("SGLSUP_SERVER") == self.name and env.get("SGLANG_SIM_STATE_DIR") == str(
-                    self.sim
-                )
+                marker = env.get("SGLSUP_SERVER", "")
+                mine = marker.startswith(self.name + "@") and env.get("SGLANG_SIM_STATE_DIR") == str(self.sim)
                 if mine and proc.status() != psutil.STATUS_ZOMBIE:
                     found.append(proc)
         return found
@@ -326,7 +328,7 @@ class PdDeployment(Deployment):
         servers = [
             ("prefill", "prefill", sim, [*common, "--disaggregation-mode", "prefill", "--port", str(self.port),
              "--disaggregation-bootstrap-port", str(self.boot)], [0], {**env, **self.prefill_env},
-             [self.port + 2, self.boot]),
+             [self.port + 2]),
             ("decode", "decode", sim, [*common, "--disaggregation-mode", "decode", "--port", str(self.decode_port),
              "--disaggregation-bootstrap-port", str(self.boot)], [1], {**env, **self.decode_env},
              [self.decode_port + 2]),
@@ -363,6 +365,7 @@ class PdDeployment(Deployment):
                 f"gpu_device_paths = {json.dumps([str(self.sim / 'dev' / f'nvidia{g}') for g in gpus])}",
                 f"ports = {ports}",
                 "startup_budget_s = 120",
+                "startup_silence_s = 60",
                 "drain_grace_s = 10",
                 "[servers.env]",
                 *(f"{k} = {q(v)}" for k, v in senv.items()),
@@ -386,6 +389,8 @@ class PdDeployment(Deployment):
                 last = {s["name"]: s for s in self.status()["servers"]}
                 if pred(last):
                     return last
+            if self.daemon is not None and self.daemon.poll() is not None:
+                break
             time.sleep(0.1)
         states = {k: (v["state"], v["reason"]) for k, v in last.items()}
         raise AssertionError(f"timed out waiting for {what}: {states}\n{self.log_tail()}")

@@ -100,3 +100,29 @@ def test_rung_survives_a_daemon_restart(tmp_path: Path) -> None:
         dep.start()
         again = dep.wait(serving, what="serving under the new daemon")
         assert "--disable-overlap-schedule" in again["argv"] and again["fallback"]["rung"] == 1
+
+
+def test_promote_back_tries_one_rung_lower_and_steps_back_up(tmp_path: Path) -> None:
+    """promote_back: stable and quiet → relaunch one rung lower; the fault returns → rung 1 again at once."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(
+        '[[fault]]\nname = "overlap_tp_desync_hang"\nafter_requests = 6\nrecur_until_flag = "--disable-overlap-schedule"\n'
+    )
+    env = {"SGLANG_SIM_SCENARIO": str(scenario)}
+    policy = {"promote_back": True, "promote_after_s": 3}
+    with deployment(tmp_path, env=env, probes={"stall_after_s": 4}, policy=policy) as dep:
+        dep.start()
+        dep.wait(serving, what="serving")
+        with Traffic(dep.sim_url, dep.model):
+            cured = dep.wait(lambda s: serving(s) and s["fallback"]["rung"] == 1, timeout=120, what="rung 1")
+        promoted = dep.wait(
+            lambda s: serving(s) and s["fallback"]["rung"] == 0, timeout=60, what="promoted back"
+        )
+        assert "--disable-overlap-schedule" not in promoted["argv"] and promoted["pid"] != cured["pid"]
+        with Traffic(dep.sim_url, dep.model):
+            again = dep.wait(
+                lambda s: serving(s) and s["fallback"]["rung"] == 1 and s["pid"] != promoted["pid"],
+                timeout=120,
+                what="rung 1 again",
+            )
+        assert again["last_incident"]["fault"] in ("collective_hang", "decode_wedge")
