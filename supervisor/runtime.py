@@ -21,6 +21,7 @@ import structlog
 from policies.backoff import decide_restart, is_stable
 from policies.ladders import PastIncident, ladder_key
 from policies.parsers_table import ExpectedParsers
+from policies.pd import Role
 from policies.plan import PARSER_KEY, Plan, build_argv, parser_ladder, plan_recovery
 from policies.states import FaultKind, ServerState, check_transition
 from supervisor import launcher, proctree
@@ -166,7 +167,7 @@ class ServerRuntime:
             dict(self.cfg.env),
             list(self.cfg.gpus),
             self.run_id,
-            self.name,
+            self.marker,
             log_path,
         )
         if isinstance(result, launcher.SpawnFailed):
@@ -205,11 +206,13 @@ class ServerRuntime:
             self.restarts.clear()
         restart = decide_restart(self.restarts, now, self.ctx.config.supervisor.restart, self.rng.random())
         ladders = self.ladders
-        key = (
-            PARSER_KEY
-            if kind is FaultKind.PARSER_MISCONFIG
-            else ladder_key(kind, self._tags(outcome), ladders)
-        )
+        key: str | None
+        if self.cfg.role is Role.ROUTER:
+            key = None  # SGLang's fallback flags do not apply to the router
+        elif kind is FaultKind.PARSER_MISCONFIG:
+            key = PARSER_KEY
+        else:
+            key = ladder_key(kind, self._tags(outcome), ladders)
         history = [PastIncident(str(h[0]), int(h[1])) for h in self.record.history]
         return plan_recovery(
             kind.value, key, history, self.record.levels, ladders, restart, self.cfg.policy.parser_policy
@@ -320,6 +323,8 @@ class ServerRuntime:
         if not report.ok:
             self.transition(S.FAILED, f"release failed: {report.reason}")
             await self._wait_resume_or_restart()
+            return
+        self.transition(S.STOPPED, f"stopped for a {cmd.kind}; relaunching")
 
     async def stop_for_good(self) -> None:
         """Daemon shutdown: drain and release, then stopped."""

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from policies.pd import Role
 from policies.signatures import scan
 from policies.states import FaultKind, ServerState
 from probes.base import Observation
@@ -242,6 +243,8 @@ class Watcher:
 
     def _probe_fault(self, monitor: Monitor, now: float) -> Outcome | None:
         rt = self.rt
+        if rt.cfg.role is Role.ROUTER:
+            return self._router_fault(monitor, now)
         if rt.state is S.STARTING:
             view = monitor.startup(now)
             if view.failed:
@@ -276,6 +279,18 @@ class Watcher:
         return Outcome(
             fault.kind, fault.reason, dict(fault.evidence), restart=fault.restart, confidence=fault.confidence
         )
+
+    def _router_fault(self, monitor: Monitor, now: float) -> Outcome | None:
+        """The router is judged on its own liveness only: wedges behind it belong to the decode or prefill."""
+        rt = self.rt
+        if rt.state is S.STARTING:
+            if monitor.startup(now).health_ok:
+                rt.ctx.became_serving(rt)
+            return None
+        fault = monitor.diagnose(now, "serving")
+        if fault is not None and fault.kind == FaultKind.HEALTH_UNRESPONSIVE:
+            return Outcome(fault.kind, fault.reason, dict(fault.evidence), confidence=fault.confidence)
+        return None
 
     def _degrade(self, outcome: Outcome) -> None:
         if self.alerted_degraded:

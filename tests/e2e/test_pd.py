@@ -21,12 +21,13 @@ def all_serving(s: Servers) -> bool:
 
 def test_decode_transfer_wedge_restarts_only_the_decode(tmp_path: Path) -> None:
     """pd_decode_transfer_wedge: pd_transfer_wedge on the decode; the prefill keeps its PID."""
-    dep = PdDeployment(
-        tmp_path, decode_env={"SGLANG_SIM_SCENARIO": "pd_decode_transfer_wedge"}, probes={"stall_after_s": 4}
-    )
+    dep = PdDeployment(tmp_path, probes={"stall_after_s": 4})
     try:
         dep.start()
         first = dep.wait_all(all_serving, what="all serving")
+        decode_url = f"http://127.0.0.1:{dep.decode_port}"
+        status, _ = dep.post("/sim/fault", {"name": "pd_decode_transfer_wedge"}, base=decode_url)
+        assert status == 200
         with Traffic(f"http://127.0.0.1:{dep.router_port}", dep.model, period_s=1.0):
             after = dep.wait_all(
                 lambda s: s["decode"]["restarts"] >= 1 and s["decode"]["state"] == "serving",
