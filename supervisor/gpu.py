@@ -158,7 +158,7 @@ def device_holders(
                 continue
             both = pid in proc_pids and pid in fuser_pids
             source = "proc+fuser" if both else ("proc" if pid in proc_pids else "fuser")
-            holders.append(Holder(pid, path, _name(pid), describe_owner(pid), source))
+            holders.append(Holder(pid, path, proctree.display_name(pid), describe_owner(pid), source))
     return holders
 
 
@@ -326,7 +326,7 @@ def _busy_gpus(samples: Sequence[GpuSample], mem_threshold_mib: float) -> list[s
     problems = []
     for s in samples:
         if s.pids:
-            owners = ", ".join(f"pid {p} ({_name(p)}, {describe_owner(p)})" for p in s.pids)
+            owners = ", ".join(f"pid {p} ({proctree.display_name(p)}, {describe_owner(p)})" for p in s.pids)
             problems.append(f"GPU {s.index} has compute processes: {owners}")
         if s.memory_used_mib >= mem_threshold_mib:
             problems.append(
@@ -352,16 +352,6 @@ def _sim_sample(index: int, entry: dict[str, Any]) -> GpuSample:
         xid_events=xids,
         power_limit_w=float(entry.get("power_limit_w", 0.0)),
     )
-
-
-def _name(pid: int) -> str:
-    title = proctree.process_title(pid)
-    if title.startswith("sglang::"):
-        return title
-    try:
-        return psutil.Process(pid).name()
-    except psutil.Error:
-        return "?"
 
 
 def _fd_targets(pid: int) -> set[str]:

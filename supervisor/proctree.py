@@ -103,6 +103,17 @@ def process_title(pid: int) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace").strip()
 
 
+def display_name(pid: int) -> str:
+    """A process's SGLang title when it has one, else its name ("?" when gone)."""
+    title = process_title(pid)
+    if title.startswith("sglang::"):
+        return title
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return "?"
+
+
 def _canonical_title(title: str) -> str:
     return _EXTRA_PARTS.sub("", title)
 

@@ -101,7 +101,7 @@ class _Sweep:
         if self.group_ok and self.pgid is not None and group_alive and not self.group_spared:
             _signal_group(self.pgid)
         for pid in alive:
-            self.killed.setdefault(pid, Killed(pid, _name(pid), found[pid]))
+            self.killed.setdefault(pid, Killed(pid, proctree.display_name(pid), found[pid]))
             _signal(pid, signal.SIGKILL)
         return alive
 
@@ -157,7 +157,7 @@ def stop(
     killed = tuple(sweep.killed.values())
     stuck = [pid for pid in alive if proctree.is_alive(pid)]
     if stuck:
-        names = "; ".join(f"pid {pid} ({_name(pid)}) state {_state(pid)}" for pid in stuck)
+        names = "; ".join(f"pid {pid} ({proctree.display_name(pid)}) state {_state(pid)}" for pid in stuck)
         reason = f"still alive after {total:.1f}s despite SIGKILL: {names}"
         return StopResult(False, reason, mode, killed, tuple(foreign), term_s, total)
     reason = f"stopped {len(killed)} process(es) in {total:.2f}s"
@@ -169,7 +169,7 @@ def stop(
 def _drain(main: int, grace_s: float, sweep: _Sweep) -> float | None:
     """SIGTERM the main PID only; the seconds it took to exit, or None if it outlived the grace."""
     start = time.monotonic()
-    name = _name(main)
+    name = proctree.display_name(main)
     _signal(main, signal.SIGTERM)
     while time.monotonic() - start < grace_s:
         if not proctree.is_alive(main):
@@ -191,16 +191,6 @@ def _signal_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         return
-
-
-def _name(pid: int) -> str:
-    title = proctree.process_title(pid)
-    if title.startswith("sglang::"):
-        return title
-    try:
-        return psutil.Process(pid).name()
-    except psutil.Error:
-        return "?"
 
 
 def _state(pid: int) -> str:

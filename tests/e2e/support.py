@@ -103,31 +103,9 @@ class Deployment:
         if self.parsers[1]:
             args += ["--reasoning-parser", self.parsers[1]]
         args += self.extra_args
-        env = {
-            "SGLANG_SIM_STATE_DIR": str(self.sim),
-            "SGLANG_SIM_SHM_DIR": str(self.sim / "shm"),
-            "SGLANG_SIM_CONTROL": "1",
-            "SGLANG_SIM_STARTUP_S": "0.3",
-            "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
-            "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
-            **self.env,
-        }
-        restart = {"initial_s": 0.2, "max_s": 2.0, **self.restart}
-        (self.root / "token").write_text(self.token + "\n")
+        env = self.sim_env()
         lines = [
-            "[supervisor]",
-            f"state_dir = {q(str(self.root / 'state'))}",
-            f"log_dir = {q(str(self.root / 'log'))}",
-            f"shm_dir = {q(str(self.sim / 'shm'))}",
-            'gpu_backend = "sim"',
-            f"sim_state_dir = {q(str(self.sim))}",
-            "release_deadline_s = 15",
-            "[supervisor.http]",
-            'host = "127.0.0.1"',
-            f"port = {self.http_port}",
-            f"token_file = {q(str(self.root / 'token'))}",
-            "[supervisor.restart]",
-            *(f"{k} = {v}" for k, v in restart.items()),
+            *self.supervisor_lines(),
             "[[servers]]",
             f"name = {q(self.name)}",
             f"command = {json.dumps([sys.executable, '-m', 'simulator.launch_server'])}",
@@ -146,6 +124,38 @@ class Deployment:
             *(f"{k} = {json.dumps(v)}" for k, v in self.policy.items()),
         ]
         self.config_path.write_text("\n".join(lines) + "\n")
+
+    def sim_env(self) -> dict[str, str]:
+        """The simulator's environment: private state dir, fast start, fast crash teardown."""
+        return {
+            "SGLANG_SIM_STATE_DIR": str(self.sim),
+            "SGLANG_SIM_SHM_DIR": str(self.sim / "shm"),
+            "SGLANG_SIM_CONTROL": "1",
+            "SGLANG_SIM_STARTUP_S": "0.3",
+            "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+            "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
+            **self.env,
+        }
+
+    def supervisor_lines(self) -> list[str]:
+        """The `[supervisor]` tables of the config (and the control token file)."""
+        restart = {"initial_s": 0.2, "max_s": 2.0, **self.restart}
+        (self.root / "token").write_text(self.token + "\n")
+        return [
+            "[supervisor]",
+            f"state_dir = {q(str(self.root / 'state'))}",
+            f"log_dir = {q(str(self.root / 'log'))}",
+            f"shm_dir = {q(str(self.sim / 'shm'))}",
+            'gpu_backend = "sim"',
+            f"sim_state_dir = {q(str(self.sim))}",
+            "release_deadline_s = 15",
+            "[supervisor.http]",
+            'host = "127.0.0.1"',
+            f"port = {self.http_port}",
+            f"token_file = {q(str(self.root / 'token'))}",
+            "[supervisor.restart]",
+            *(f"{k} = {v}" for k, v in restart.items()),
+        ]
 
     def start(self) -> subprocess.Popen[bytes]:
         """Start `sglang-supervisor run --config` in its own session, logs to a file."""
@@ -312,16 +322,7 @@ class PdDeployment(Deployment):
         self.boot = free_port()
         self.decode_port = free_port_block(3)
         self.router_port = free_port()
-        env = {
-            "SGLANG_SIM_STATE_DIR": str(self.sim),
-            "SGLANG_SIM_SHM_DIR": str(self.sim / "shm"),
-            "SGLANG_SIM_CONTROL": "1",
-            "SGLANG_SIM_STARTUP_S": "0.3",
-            "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
-            "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
-            "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "120",
-            **self.env,
-        }
+        env = {**self.sim_env(), "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "120"}
         sim = [sys.executable, "-m", "simulator.launch_server"]
         common = ["--model-path", self.model, "--enable-metrics", "--tool-call-parser", "kimi_k2"]
         common += ["--reasoning-parser", "kimi_k2"]
@@ -337,23 +338,7 @@ class PdDeployment(Deployment):
               f"http://127.0.0.1:{self.decode_port}", "--host", "127.0.0.1", "--port", str(self.router_port)],
              [], {"SGLANG_SIM_STATE_DIR": str(self.sim)}, []),
         ]  # fmt: skip
-        (self.root / "token").write_text(self.token + "\n")
-        lines = [
-            "[supervisor]",
-            f"state_dir = {q(str(self.root / 'state'))}",
-            f"log_dir = {q(str(self.root / 'log'))}",
-            f"shm_dir = {q(str(self.sim / 'shm'))}",
-            'gpu_backend = "sim"',
-            f"sim_state_dir = {q(str(self.sim))}",
-            "release_deadline_s = 15",
-            "[supervisor.http]",
-            'host = "127.0.0.1"',
-            f"port = {self.http_port}",
-            f"token_file = {q(str(self.root / 'token'))}",
-            "[supervisor.restart]",
-            "initial_s = 0.2",
-            "max_s = 2.0",
-        ]
+        lines = self.supervisor_lines()
         for name, role, command, args, gpus, senv, ports in servers:
             lines += [
                 "[[servers]]",
