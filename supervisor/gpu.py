@@ -188,7 +188,7 @@ class SimBackend:
     """Reads the simulator's ``nvml.json`` (schema in docs/contracts.md).
 
     Like the real driver, memory of a process that has died is free: PIDs no longer alive are dropped, and a
-    GPU whose listed PIDs are all dead reports no memory in use.
+    GPU with no live process reports no memory in use (the simulator publishes a load before it knows the ranks' PIDs).
     """
 
     name = "sim"
@@ -339,8 +339,8 @@ def _sim_sample(index: int, entry: dict[str, Any]) -> GpuSample:
     listed = [int(p) for p in entry.get("pids", [])]
     live = tuple(p for p in listed if proctree.is_alive(p))
     memory_used = float(entry.get("memory_used_mib", 0.0))
-    if listed and not live:
-        memory_used = 0.0
+    if not live:
+        memory_used = 0.0  # the driver frees a GPU's memory when no process of it is left
     xids = tuple(XidEvent(int(x["xid"]), float(x["at"])) for x in entry.get("xid_events", []))
     return GpuSample(
         index=index,
