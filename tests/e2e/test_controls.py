@@ -10,7 +10,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.e2e.support import deployment
+from tests.e2e.support import deployment, poll
 
 pytestmark = pytest.mark.e2e
 
@@ -56,3 +56,23 @@ def test_control_is_forbidden_without_a_configured_token(tmp_path: Path) -> None
         status, body = dep.post("/control/restart", {}, token=dep.token)
         assert status == 403 and "token_file" in body["error"]
         os.kill(dep.daemon.pid if dep.daemon else 0, signal.SIGTERM)
+
+
+def test_sighup_reloads_the_config_and_keeps_the_old_one_when_invalid(tmp_path: Path) -> None:
+    """SIGHUP: an invalid config is rejected (old one kept); a valid change applies at the next launch."""
+    with deployment(tmp_path) as dep:
+        daemon = dep.start()
+        first = dep.wait(serving, what="serving")
+        good = dep.config_path.read_text()
+        dep.config_path.write_text(good.replace("drain_grace_s = 10", "drain_grace_s = -1"))
+        os.kill(daemon.pid, signal.SIGHUP)
+        poll(lambda: "config.reload_rejected" in dep.log_tail(200), 30, "the invalid config rejected")
+        dep.config_path.write_text(
+            good.replace('"--enable-metrics"', '"--enable-metrics", "--disable-radix-cache"')
+        )
+        os.kill(daemon.pid, signal.SIGHUP)
+        poll(lambda: "config.reloaded" in dep.log_tail(200), 30, "the new config loaded")
+        assert dep.server()["pid"] == first["pid"], "a reload does not restart anything"
+        assert dep.post("/control/restart", {"reason": "apply flags"}, token=dep.token)[0] == 200
+        again = dep.wait(lambda s: serving(s) and s["pid"] != first["pid"], what="relaunched")
+        assert "--disable-radix-cache" in again["argv"]
