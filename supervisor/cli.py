@@ -14,7 +14,10 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from supervisor.config import Config
 
 DEFAULT_URL = "http://127.0.0.1:9400"
 EX_CONFIG = 78  # sysexits: the unit's RestartPreventExitStatus — restarting cannot fix a bad config
@@ -81,8 +84,38 @@ def cmd_check(path: Path) -> int:
     except OSError as exc:
         print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
         return 1
+    problems = check_target_flags(cfg)
+    if problems:
+        print(f"{path}: the target rejects some flags", file=sys.stderr)
+        print("\n".join(problems), file=sys.stderr)
+        return 1
     print(f"{path}: ok ({len(cfg.servers)} server(s): {', '.join(s.name for s in cfg.servers)})")
     return 0
+
+
+def check_target_flags(cfg: Config) -> list[str]:
+    """Launch args and ladder flags each server's own SGLang rejects (learned from its `--help`)."""
+    from policies.flagcompat import check_ladders, rejected
+    from policies.pd import Role
+    from supervisor.flaghelp import HelpUnavailable, target_flags
+
+    state = Path(cfg.supervisor.state_dir) / "flagcache"
+    cache = state if os.access(state.parent if state.parent.exists() else Path("/"), os.W_OK) else None
+    cache = cache or Path(tempfile.gettempdir()) / "sglang-supervisor-flagcache"
+    problems: list[str] = []
+    for i, server in enumerate(cfg.servers):
+        if server.role is Role.ROUTER:
+            continue
+        flags = target_flags(list(server.command), cache)
+        if isinstance(flags, HelpUnavailable):
+            print(f"servers[{i}] ({server.name}): flags not checked: {flags.reason}", file=sys.stderr)
+            continue
+        problems += [
+            f"servers[{i}].args: {flag} is not accepted by {server.command[-1]}"
+            for flag in rejected(server.args, flags)
+        ]
+        problems += [f"servers[{i}].policy.{line}" for line in check_ladders(server.ladders, flags)]
+    return problems
 
 
 def cmd_run(path: Path, level: str) -> int:

@@ -19,7 +19,8 @@ from typing import Any
 import structlog
 
 from policies.backoff import decide_restart, is_stable
-from policies.ladders import PastIncident, ladder_key
+from policies.flagcompat import FlagSet, check_ladders, express_argv, rejected
+from policies.ladders import PastIncident, Rung, apply_rungs, ladder_key
 from policies.parsers_table import ExpectedParsers
 from policies.pd import Role
 from policies.plan import PARSER_KEY, Plan, build_argv, parser_ladder, plan_recovery
@@ -27,6 +28,7 @@ from policies.states import FaultKind, ServerState, check_transition
 from supervisor import launcher, proctree
 from supervisor.config import ServerConfig
 from supervisor.context import Context
+from supervisor.flaghelp import HelpUnavailable, target_flags
 from supervisor.incident import Incident
 from supervisor.recovery import stop_and_release
 from supervisor.watch import Outcome, Watcher
@@ -74,6 +76,8 @@ class ServerRuntime:
         self.commands: asyncio.Queue[Command] = asyncio.Queue()
         self.stopping = False
         self.watcher = Watcher(self)
+        self.flags: FlagSet | None = None
+        self.skipped_rungs: list[str] = []
         self.rng = random.Random()
 
     # ---- state -------------------------------------------------------------------------------------------
@@ -95,17 +99,46 @@ class ServerRuntime:
 
     @property
     def ladders(self) -> dict[str, Any]:
-        """This server's ladders, plus the parser fix when its family is known."""
+        """This server's ladders plus the parser fix, less the rungs the installed SGLang cannot express."""
         ladders: dict[str, Any] = dict(self.cfg.ladders)
         expected = self.cfg.expected_parsers()
         if expected is not None:
             ladders[PARSER_KEY] = parser_ladder(ExpectedParsers(*expected))
-        return ladders
+        if self.flags is None:
+            return ladders
+        return {key: tuple(r for r in rungs if self._expressible(r)) for key, rungs in ladders.items()}
+
+    def _expressible(self, rung: Rung) -> bool:
+        assert self.flags is not None
+        args, _ = apply_rungs((), [rung])
+        return express_argv(args, self.flags).argv is not None
 
     def current_argv(self) -> tuple[str, ...]:
-        """The launch argv: the configured command and args with the active ladder levels applied."""
+        """The launch argv: configured command and args, active ladder levels applied, renamed flags mapped."""
         args, _ = build_argv(self.cfg.args, self.record.levels, self.ladders)
+        if self.flags is not None:
+            expressed = express_argv(args, self.flags)
+            args = expressed.argv if expressed.argv is not None else args
         return (*self.cfg.command, *args)
+
+    async def learn_flags(self) -> None:
+        """The installed SGLang's own `--help` (cached per interpreter and version) decides which flags exist."""
+        if self.cfg.role is Role.ROUTER:
+            return
+        cache = Path(self.ctx.config.supervisor.state_dir) / "flagcache"
+        result = await asyncio.to_thread(target_flags, list(self.cfg.command), cache)
+        if isinstance(result, HelpUnavailable):
+            self.log.warning("flags.unknown", reason=result.reason)
+            return
+        self.flags = result
+        self.skipped_rungs = check_ladders(self.cfg.ladders, result)
+        for note in self.skipped_rungs:
+            self.log.warning("ladder.rung_skipped", note=f"{note}: this rung is skipped, never launched")
+        bad = rejected(self.cfg.args, result)
+        if bad:
+            self.log.error(
+                "flags.rejected", flags=bad, hint="the target rejects these launch flags: fix args"
+            )
 
     @property
     def rung(self) -> int:
@@ -114,8 +147,9 @@ class ServerRuntime:
 
     # ---- main loop ---------------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Reap what a previous daemon left, then launch and supervise until stopped."""
+        """Reap what a previous daemon left, learn the target's flags, then launch and supervise until stopped."""
         await self.reap_previous()
+        await self.learn_flags()
         while not self.stopping:
             if self.paused:
                 await self._wait_resume()
@@ -233,6 +267,7 @@ class ServerRuntime:
         if plan.ladder_key is not None:
             self.record.history.append([plan.ladder_key, plan.rung])
         self.record.levels = dict(plan.levels)
+        flag_notes = [n for n in self.skipped_rungs if plan.ladder_key and f".{plan.ladder_key}[" in n]
         self.ctx.metrics.set_rung(self.name, self.rung)
         new_argv = self.current_argv()
         _, diff = build_argv(self.cfg.args, self.record.levels, self.ladders)
@@ -242,7 +277,7 @@ class ServerRuntime:
             argv_after=new_argv,
             flags_added=tuple(line[1:] for line in diff.lines() if line.startswith(("+", "~"))),
             flags_removed=tuple(line[1:] for line in diff.lines() if line.startswith("-")),
-            evidence={**incident.evidence, "release": report.to_json()},
+            evidence={**incident.evidence, "release": report.to_json(), "flag_notes": flag_notes},
         )
         self.ctx.update_incident(self, incident)
         if not report.ok:

@@ -47,6 +47,13 @@ def _bindable(port: int) -> bool:
         return True
 
 
+def toml_value(value: Any) -> str:
+    """A TOML value (inline tables for dicts; JSON is TOML for the rest used here)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{q(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
+
+
 def q(text: str) -> str:
     """A TOML string."""
     return json.dumps(text)
@@ -121,7 +128,7 @@ class Deployment:
             "[servers.probes]",
             *(f"{k} = {json.dumps(v)}" for k, v in self.probes.items()),
             "[servers.policy]",
-            *(f"{k} = {json.dumps(v)}" for k, v in self.policy.items()),
+            *(f"{k} = {toml_value(v)}" for k, v in self.policy.items()),
         ]
         self.config_path.write_text("\n".join(lines) + "\n")
 

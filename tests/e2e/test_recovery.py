@@ -126,3 +126,18 @@ def test_promote_back_tries_one_rung_lower_and_steps_back_up(tmp_path: Path) -> 
                 what="rung 1 again",
             )
         assert again["last_incident"]["fault"] in ("collective_hang", "decode_wedge")
+
+
+def test_a_rung_the_target_cannot_express_is_skipped_never_launched(tmp_path: Path) -> None:
+    """A ladder rung naming a flag the installed server rejects is skipped with a note; the next rung is used."""
+    policy = {"ladders": {"crash": [["add --no-such-fallback-flag"], ["add --disable-radix-cache"]]}}
+    with deployment(tmp_path, policy=policy) as dep:
+        dep.start()
+        first = dep.wait(serving, what="serving")
+        os.kill(first["pid"], signal.SIGKILL)
+        second = dep.wait(lambda s: serving(s) and s["pid"] != first["pid"], what="first relaunch (rung 0)")
+        os.kill(second["pid"], signal.SIGKILL)
+        third = dep.wait(lambda s: serving(s) and s["pid"] != second["pid"], what="second relaunch")
+        assert "--disable-radix-cache" in third["argv"] and "--no-such-fallback-flag" not in third["argv"]
+        notes = third["last_incident"]["evidence"]["flag_notes"]
+        assert any("crash[0]" in n and "--no-such-fallback-flag" in n for n in notes)
