@@ -72,6 +72,7 @@ class Deployment:
     restart: dict[str, float] = field(default_factory=dict)
     probes: dict[str, Any] = field(default_factory=dict)
     policy: dict[str, Any] = field(default_factory=dict)
+    alertmanager_url: str = ""
     parsers: tuple[str | None, str | None] = ("kimi_k2", "kimi_k2")
     token: str = "s3cret-token"
     daemon: subprocess.Popen[bytes] | None = None
@@ -129,6 +130,11 @@ class Deployment:
             *(f"{k} = {json.dumps(v)}" for k, v in self.probes.items()),
             "[servers.policy]",
             *(f"{k} = {toml_value(v)}" for k, v in self.policy.items()),
+            *(
+                ["[alerts.alertmanager]", f"url = {q(self.alertmanager_url)}"]
+                if self.alertmanager_url
+                else []
+            ),
         ]
         self.config_path.write_text("\n".join(lines) + "\n")
 

@@ -1,0 +1,81 @@
+"""A simulated wedge pages a real Alertmanager through the daemon, and the recovery resolves it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tools import ensure_alertmanager
+
+from tests.e2e.support import Traffic, deployment, free_port
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = "route:\n  receiver: blackhole\n  group_wait: 0s\nreceivers:\n  - name: blackhole\n"
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[str]:
+    """A real Alertmanager on 127.0.0.1 (clustering off, temp storage); yields its base URL."""
+    (tmp_path / "am.yml").write_text(CONFIG)
+    port, binary = free_port(), ensure_alertmanager()
+    with (tmp_path / "am.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(binary), f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am-data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
+            cwd=binary.parents[2], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def alerts(base: str) -> list[dict[str, Any]]:
+    """Alertmanager's active alerts ([] while it is not up yet)."""
+    with (
+        contextlib.suppress(OSError, ValueError),
+        urllib.request.urlopen(f"{base}/api/v2/alerts", timeout=5) as r,
+    ):
+        return list(json.loads(r.read()))
+    return []
+
+
+def wait(pred: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_wedge_fires_in_alertmanager_and_recovery_resolves_it(tmp_path: Path, alertmanager: str) -> None:
+    """overlap_tp_desync_hang → an active alert with runbook_url in Alertmanager → resolved once serving again."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text('[[fault]]\nname = "overlap_tp_desync_hang"\nafter_requests = 6\n')
+    env = {"SGLANG_SIM_SCENARIO": str(scenario)}
+    with deployment(tmp_path, env=env, probes={"stall_after_s": 4}, alertmanager_url=alertmanager) as dep:
+        dep.start()
+        first = dep.wait(lambda s: s["state"] == "serving", what="serving")
+        with Traffic(dep.sim_url, dep.model):
+            firing = wait(
+                lambda: [a for a in alerts(alertmanager) if a["labels"].get("server") == "sim"], 90, "firing"
+            )
+        labels, annotations = firing[0]["labels"], firing[0]["annotations"]
+        assert labels["fault"] in ("collective_hang", "decode_wedge") and "runbook_url" in annotations
+        dep.wait(lambda s: s["state"] == "serving" and s["pid"] != first["pid"], timeout=90, what="recovered")
+        wait(
+            lambda: not [a for a in alerts(alertmanager) if a["labels"].get("server") == "sim"],
+            60,
+            "resolved",
+        )
