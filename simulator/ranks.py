@@ -225,7 +225,10 @@ def event_loop(spec: RankSpec, conn: Connection, group: tuple[Barrier, Barrier])
         if op == "step":
             run_batch(spec, group, batch)
             if spec.tp_rank == 0:
-                conn.send({"op": "done", "step": batch["step"]})
+                try:
+                    conn.send({"op": "done", "step": batch["step"]})
+                except OSError:
+                    threading.Event().wait()  # the parent died mid-step: same as a dead ZMQ peer
 
 
 def detokenizer_main(conn: Connection) -> None:

@@ -233,13 +233,12 @@ class Deployment:
             return exc.code, json.loads(exc.read() or b"null")
 
     def ours(self) -> list[psutil.Process]:
-        """Every live process carrying this deployment's server marker (any run)."""
+        """Every live process of this deployment (any run): its simulator state dir is unique to the test."""
         found = []
         for proc in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
                 env = proc.environ()
-                marker = env.get("SGLSUP_SERVER", "")
-                mine = marker.startswith(self.name + "@") and env.get("SGLANG_SIM_STATE_DIR") == str(self.sim)
+                mine = env.get("SGLANG_SIM_STATE_DIR") == str(self.sim)  # the test's own tmp dir
                 if mine and proc.status() != psutil.STATUS_ZOMBIE:
                     found.append(proc)
         return found
@@ -392,12 +391,3 @@ class PdDeployment(Deployment):
             time.sleep(0.1)
         states = {k: (v["state"], v["reason"]) for k, v in last.items()}
         raise AssertionError(f"timed out waiting for {what}: {states}\n{self.log_tail()}")
-
-    def ours(self) -> list[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter():
-            with contextlib.suppress(psutil.Error):
-                env = proc.environ()
-                if env.get("SGLANG_SIM_STATE_DIR") == str(self.sim) and proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(proc)
-        return found
