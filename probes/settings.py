@@ -15,7 +15,7 @@ class ProbeSettings:
     canary_period_s: float = 300.0
     canary_timeout_s: float = 60.0
     canary_max_tokens: int = 256
-    stream_canary_concurrency: int = 16
+    stream_canary_concurrency: int = 32
     stream_canary_period_s: float = 1800.0
     stall_after_s: float = 20.0
     metrics_period_s: float = 5.0

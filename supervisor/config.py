@@ -123,7 +123,7 @@ class ProbesConfig(_Model):
     health_failures: int = Field(3, ge=1)
     canary_period_s: float = Field(300, gt=0)
     canary_timeout_s: float = Field(60, gt=0)
-    stream_canary_concurrency: int = Field(16, ge=1, le=256)
+    stream_canary_concurrency: int = Field(32, ge=1, le=256)
     stream_canary_period_s: float = Field(1800, ge=0)
     stall_after_s: float = Field(20, gt=0)
     metrics_period_s: float = Field(5, gt=0)
