@@ -240,7 +240,7 @@ def start(
     return Sim(proc, port, state, log_path, full_env)
 
 
-def wait_ready(sim: Sim, timeout: float = 30.0) -> None:
+def wait_ready(sim: Sim, timeout: float = 90.0) -> None:
     """Poll until the ready line is logged and `/health` answers 200."""
     sim.wait_log("The server is fired up and ready to roll!", timeout)
     wait_for(lambda: sim.get("/health").status == 200, timeout, "/health 200")

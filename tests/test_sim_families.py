@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from sim_data import MODELS
 
 from simulator.families import (
     FAMILIES,
@@ -30,15 +31,6 @@ WEATHER: list[dict[str, Any]] = [
         },
     }
 ]
-MODELS = {
-    "kimi_k2": "moonshotai/Kimi-K2.5",
-    "deepseekv3": "deepseek-ai/DeepSeek-V3-0324",
-    "deepseekv31": "deepseek-ai/DeepSeek-V3.1",
-    "qwen25": "Qwen/Qwen3-8B",
-    "glm45": "zai-org/GLM-4.5",
-    "glm47": "zai-org/GLM-4.7",
-    "hermes": "NousResearch/Hermes-3-Llama-3.1-8B",
-}
 
 
 def _req(prompt: str, tools: list[dict[str, Any]] | None = None, **kw: object) -> ChatRequest:

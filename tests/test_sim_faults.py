@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 import pytest
+from sim_data import TOOLS
 from sim_support import (
     FAST_CRASH,
     Sim,
@@ -32,19 +33,6 @@ from simulator.faults import CATALOG
 FAST = {**FAST_CRASH, "SGLANG_HEALTH_CHECK_TIMEOUT": "2"}
 LONG = {"text": "tell me a story", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
 MEDIUM = {"text": "tell me a story", "sampling_params": {"max_new_tokens": 48, "ignore_eos": True}}
-TOOLS: list[Any] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
 CHAT = {"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "What is the weather in Oslo?"}]}
 
 

@@ -11,33 +11,11 @@ from typing import Any
 
 import openai
 import pytest
+from sim_data import MODELS, TOOLS
 from sim_support import Sim, cleanup, start, wait_ready
 
 from simulator.families import FAMILIES, expected_parsers
 
-MODELS = {
-    "kimi_k2": "moonshotai/Kimi-K2.5",
-    "deepseekv3": "deepseek-ai/DeepSeek-V3-0324",
-    "deepseekv31": "deepseek-ai/DeepSeek-V3.1",
-    "qwen25": "Qwen/Qwen3-8B",
-    "glm45": "zai-org/GLM-4.5",
-    "glm47": "zai-org/GLM-4.7",
-    "hermes": "NousResearch/Hermes-3-Llama-3.1-8B",
-}
-TOOLS: list[Any] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather of a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
 ASK: list[Any] = [{"role": "user", "content": "What is the weather in Oslo?"}]
 LEAK = re.compile(r"<\|tool_call|<\|tool_calls_section|<｜tool▁call|<tool_call>|<arg_key>|<｜DSML｜")
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from sim_data import MODELS, TOOLS
 
 from simulator.families import FAMILIES, ChatRequest, detect_family, expected_parsers, generate_chat
 from simulator.openai_api import (
@@ -19,28 +20,6 @@ from simulator.openai_api import (
 from simulator.parsing import StreamParser, chunk_tokens, parse_complete
 
 SERVED = "sim/model"
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-MODELS = {
-    "kimi_k2": "moonshotai/Kimi-K2.5",
-    "deepseekv3": "deepseek-ai/DeepSeek-V3-0324",
-    "deepseekv31": "deepseek-ai/DeepSeek-V3.1",
-    "qwen25": "Qwen/Qwen3-8B",
-    "glm45": "zai-org/GLM-4.5",
-    "glm47": "zai-org/GLM-4.7",
-    "hermes": "NousResearch/Hermes-3-Llama-3.1-8B",
-}
 
 
 def _body(**extra: Any) -> dict[str, Any]:

@@ -8,32 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from sim_data import MODELS, TOOLS
 
 from simulator.families import ChatRequest, generate_chat
 from simulator.parsing import ParsedMessage, StreamParser, chunk_tokens, parse_complete
 
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-MODELS = {
-    "kimi_k2": "moonshotai/Kimi-K2.5",
-    "deepseekv3": "deepseek-ai/DeepSeek-V3-0324",
-    "deepseekv31": "deepseek-ai/DeepSeek-V3.1",
-    "qwen25": "Qwen/Qwen3-8B",
-    "glm45": "zai-org/GLM-4.5",
-    "glm47": "zai-org/GLM-4.7",
-    "hermes": "NousResearch/Hermes-3-Llama-3.1-8B",
-}
 # Leak signatures of parsers.md §4, one per family's tool markup.
 LEAK = {
     "kimi_k2": "<|tool_calls_section_begin|>",
