@@ -30,7 +30,7 @@ from supervisor.config import ServerConfig
 from supervisor.context import Context
 from supervisor.flaghelp import HelpUnavailable, target_flags
 from supervisor.incident import Incident
-from supervisor.recovery import stop_and_release
+from supervisor.recovery import ReleaseReport, stop_and_release
 from supervisor.watch import Outcome, Watcher
 
 S = ServerState
@@ -152,7 +152,7 @@ class ServerRuntime:
         await self.learn_flags()
         while not self.stopping:
             if self.paused:
-                await self._wait_resume()
+                await self._wait_resume_or_restart()
                 continue
             outcome = await self.launch_and_watch()
             if self.stopping:
@@ -298,7 +298,7 @@ class ServerRuntime:
         self.transition(S.BACKOFF, f"relaunch in {plan.delay_s:.1f}s: {plan.reason}")
         await self._sleep_interruptible(plan.delay_s)
 
-    async def release(self, mode: str) -> Any:
+    async def release(self, mode: str) -> ReleaseReport:
         """Stop this run and release everything it held."""
         launched = self.launched
         known = list(self.watcher.known_descendants())
@@ -394,9 +394,6 @@ class ServerRuntime:
             if self.handle_command(cmd) in ("restart", "resume"):
                 self.restarts.clear()
                 return
-
-    async def _wait_resume(self) -> None:
-        await self._wait_resume_or_restart()
 
     def handle_command(self, cmd: Command) -> str:
         """Apply pause/resume/stop at once; return the command kind for the caller's loop."""
