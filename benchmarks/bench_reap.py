@@ -20,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-from supervisor import gpu, launcher, proctree, reaper
+from supervisor.host import gpu, launcher, proctree, reaper
 
 TREE = Path(__file__).resolve().parent.parent / "tests" / "process" / "fixtures" / "tree.py"
 READY_TIMEOUT_S = 30.0

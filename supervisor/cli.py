@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd in ("restart", "pause", "resume"):
         return cmd_control(args.cmd, args.url, args.server, args.reason, args.token_file)
     if args.cmd == "drill":
-        from supervisor.drill import run_drill
+        from supervisor.training.drill import run_drill
 
         return run_drill(args.scenario, args.timeout)
     return cmd_demo(args.scenario, args.print_config, args.port)
@@ -97,7 +97,7 @@ def check_target_flags(cfg: Config) -> list[str]:
     """Launch args and ladder flags each server's own SGLang rejects (learned from its `--help`)."""
     from policies.flagcompat import check_ladders, rejected
     from policies.pd import Role
-    from supervisor.flaghelp import HelpUnavailable, target_flags
+    from supervisor.host.flaghelp import HelpUnavailable, target_flags
 
     state = Path(cfg.supervisor.state_dir) / "flagcache"
     cache = state if os.access(state.parent if state.parent.exists() else Path("/"), os.W_OK) else None
@@ -122,8 +122,8 @@ def cmd_run(path: Path, level: str) -> int:
     """Run the daemon until SIGTERM."""
     from supervisor.config import ConfigError, load_config
     from supervisor.daemon import Daemon
-    from supervisor.gpu import GpuBackendUnavailable
-    from supervisor.logsetup import configure
+    from supervisor.host.gpu import GpuBackendUnavailable
+    from supervisor.reporting.logsetup import configure
 
     configure(level)
     try:
@@ -233,8 +233,8 @@ def cmd_demo(scenario: str | None, print_config: bool, port: int) -> int:
     """Write a simulator config in a temp dir and run the daemon on it; Ctrl-C stops everything."""
     from supervisor.config import load_config
     from supervisor.daemon import Daemon
-    from supervisor.demo import demo_config, free_port
-    from supervisor.logsetup import configure
+    from supervisor.reporting.logsetup import configure
+    from supervisor.training.demo import demo_config, free_port
 
     with tempfile.TemporaryDirectory(prefix="sglsup-demo-") as tmp:
         root = Path(tmp)

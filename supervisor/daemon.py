@@ -13,16 +13,16 @@ import structlog
 
 from policies.pd import start_order
 from policies.states import ServerState, worst
-from supervisor import sdnotify
+from supervisor.alerts.from_config import build_dispatcher
 from supervisor.config import Config, ConfigError, load_config
-from supervisor.context import Context
-from supervisor.gpu import open_backend
-from supervisor.journal import IncidentJournal
-from supervisor.metrics import SupervisorMetrics
-from supervisor.runtime import Command, ServerRuntime
-from supervisor.sinks_from_config import build_dispatcher
-from supervisor.statefile import StateFile
-from supervisor.status_http import StatusServer
+from supervisor.host.gpu import open_backend
+from supervisor.loop.context import Context
+from supervisor.loop.runtime import Command, ServerRuntime
+from supervisor.records.journal import IncidentJournal
+from supervisor.records.statefile import StateFile
+from supervisor.reporting import sdnotify
+from supervisor.reporting.metrics import SupervisorMetrics
+from supervisor.reporting.status_http import StatusServer
 
 log = structlog.get_logger()
 

@@ -15,8 +15,7 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from supervisor import alert_payloads as payloads
-from supervisor.alerts import (
+from supervisor.alerts.dispatcher import (
     AlertDispatcher,
     AlertmanagerSink,
     PagerDutySink,
@@ -24,9 +23,10 @@ from supervisor.alerts import (
     SlackSink,
     TokenBucket,
     WebhookSink,
+    payloads,
 )
-from supervisor.incident import Incident
-from supervisor.metrics import SupervisorMetrics
+from supervisor.records.incident import Incident
+from supervisor.reporting.metrics import SupervisorMetrics
 
 HMAC_KEY = "hmac-key-do-not-log-7f3a"
 SLACK_TOKEN = "T000/B000/slacktoken-do-not-log-91c2"

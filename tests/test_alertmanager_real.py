@@ -16,9 +16,9 @@ import pytest
 from aiohttp import web
 from tools import ensure_alertmanager, ensure_amtool
 
-from supervisor.alerts import AlertDispatcher, AlertmanagerSink
-from supervisor.incident import Incident
-from supervisor.metrics import SupervisorMetrics
+from supervisor.alerts.dispatcher import AlertDispatcher, AlertmanagerSink
+from supervisor.records.incident import Incident
+from supervisor.reporting.metrics import SupervisorMetrics
 
 CONFIG = """\
 route:

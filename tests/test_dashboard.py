@@ -12,7 +12,7 @@ import pytest
 from test_metrics_promtool import populated
 from tools import ensure_promtool
 
-from supervisor.metrics import STATES
+from supervisor.reporting.metrics import STATES
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "monitoring" / "grafana-dashboard.json"
 SUBSTITUTIONS = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}

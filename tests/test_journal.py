@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.incident import Incident
-from supervisor.journal import IncidentJournal
+from supervisor.records.incident import Incident
+from supervisor.records.journal import IncidentJournal
 
 
 def make(n: int, server: str = "decode") -> Incident:

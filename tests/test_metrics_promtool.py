@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tools import ensure_promtool
 
-from supervisor.metrics import CONTENT_TYPE, FAULT_KINDS, STATES, SupervisorMetrics
+from supervisor.reporting.metrics import CONTENT_TYPE, FAULT_KINDS, STATES, SupervisorMetrics
 
 CONTRACT_METRICS = {
     "sglang_supervisor_server_state": "gauge",

@@ -11,7 +11,7 @@ import pytest
 
 from policies.states import FaultKind, ServerState
 from supervisor.cli import _parser
-from supervisor.metrics import SupervisorMetrics
+from supervisor.reporting.metrics import SupervisorMetrics
 
 pytestmark = pytest.mark.unit
 

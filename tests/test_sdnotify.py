@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import sdnotify
+from supervisor.reporting import sdnotify
 
 
 @pytest.fixture

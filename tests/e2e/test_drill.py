@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.drill import DRILLS, run_drill
+from supervisor.training.drill import DRILLS, run_drill
 
 
 def _drill_processes(root: Path) -> list[psutil.Process]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import launcher, proctree
+from supervisor.host import launcher, proctree
 
 FIXTURES = Path(__file__).parent / "fixtures"
 READY_TIMEOUT_S = 30.0

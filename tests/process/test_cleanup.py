@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import cleanup
+from supervisor.host import cleanup
 
 
 @pytest.mark.process

@@ -11,8 +11,8 @@ import pytest
 
 from policies.flagcompat import FlagSet
 from simulator.cli import build_parser
-from supervisor import flaghelp
-from supervisor.flaghelp import HelpUnavailable, target_flags
+from supervisor.host import flaghelp
+from supervisor.host.flaghelp import HelpUnavailable, target_flags
 
 pytestmark = pytest.mark.process
 

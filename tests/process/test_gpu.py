@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import gpu
-from supervisor.gpu import GpuBackendUnavailable
+from supervisor.host import gpu
+from supervisor.host.gpu import GpuBackendUnavailable
 
 
 def _nvml_works() -> bool:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import launcher, proctree
-from supervisor.launcher import LINE_LIMIT, TRUNCATED, Launched
+from supervisor.host import launcher, proctree
+from supervisor.host.launcher import LINE_LIMIT, TRUNCATED, Launched
 
 from .conftest import FIXTURES, Janitor, Tree, wait_for
 

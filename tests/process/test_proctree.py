@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from supervisor import proctree
-from supervisor.proctree import TreeEvent, TreeSnapshot, expected_rank_titles
+from supervisor.host import proctree
+from supervisor.host.proctree import TreeEvent, TreeSnapshot, expected_rank_titles
 
 from .conftest import Tree, wait_for
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor import gpu, launcher, proctree, reaper
-from supervisor.proctree import ProcId
+from supervisor.host import gpu, launcher, proctree, reaper
+from supervisor.host.proctree import ProcId
 
 from .conftest import Janitor, Tree, wait_for
 

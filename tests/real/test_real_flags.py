@@ -13,7 +13,7 @@ from real_sglang import run_real_script
 from policies.flagcompat import FlagSet, check_ladders, rejected
 from policies.ladders import DEFAULT_LADDERS
 from policies.plan import build_argv
-from supervisor.flaghelp import target_flags
+from supervisor.host.flaghelp import target_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS_0523 = ROOT / "tests" / "data" / "sglang-0.5.23-flags.txt"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiohttp import web
 
-from supervisor.metrics import CONTENT_TYPE
+from supervisor.reporting.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
     from supervisor.daemon import Daemon

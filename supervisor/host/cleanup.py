@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from supervisor import gpu
+from supervisor.host import gpu
 
 SHM_PATTERNS = ("sgl_shm_*", "psm_*", "sem.mp-*")
 _POLL_S = 0.05

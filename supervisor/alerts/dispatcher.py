@@ -22,8 +22,8 @@ import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential_jitter
 
-from supervisor import alert_payloads as payloads
-from supervisor.alert_payloads import (
+from supervisor.alerts import payloads
+from supervisor.alerts.payloads import (
     AlertmanagerSink,
     AlertSink,
     PagerDutySink,
@@ -32,8 +32,8 @@ from supervisor.alert_payloads import (
     WebhookSink,
     verify_signature,
 )
-from supervisor.incident import Incident
-from supervisor.metrics import SupervisorMetrics
+from supervisor.records.incident import Incident
+from supervisor.reporting.metrics import SupervisorMetrics
 
 __all__ = [
     "AlertDispatcher",
@@ -48,7 +48,7 @@ __all__ = [
     "verify_signature",
 ]
 
-log = structlog.get_logger("supervisor.alerts")
+log = structlog.get_logger("supervisor.alerts.dispatcher")
 
 _MAX_RESPONSE_BYTES = 4096
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})

@@ -16,10 +16,10 @@ from policies.states import FaultKind, ServerState
 from probes.base import Observation
 from probes.monitor import Monitor
 from probes.settings import ProbeSettings
-from supervisor import proctree
+from supervisor.host import proctree
 
 if TYPE_CHECKING:
-    from supervisor.runtime import Command, ServerRuntime
+    from supervisor.loop.runtime import Command, ServerRuntime
 
 S = ServerState
 # a server that answers /health but wedges on its first canary is not merely slow to start

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psutil
 
-from supervisor import gpu, proctree
-from supervisor.proctree import DEFAULT_ALLOWLIST, ProcId
+from supervisor.host import gpu, proctree
+from supervisor.host.proctree import DEFAULT_ALLOWLIST, ProcId
 
 _POLL_S = 0.05
 

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from supervisor.config import SupervisorConfig
-from supervisor.incident import Incident
+from supervisor.records.incident import Incident
 
 if TYPE_CHECKING:
-    from supervisor.runtime import ServerRuntime
+    from supervisor.loop.runtime import ServerRuntime
 
 log = structlog.get_logger()
 SECRET_KEY = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE|AUTH", re.IGNORECASE)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from supervisor.alerts import (
+from supervisor.alerts.dispatcher import (
     AlertDispatcher,
     AlertmanagerSink,
     AlertSink,
@@ -12,7 +12,7 @@ from supervisor.alerts import (
     WebhookSink,
 )
 from supervisor.config import AlertsConfig
-from supervisor.metrics import SupervisorMetrics
+from supervisor.reporting.metrics import SupervisorMetrics
 
 RUNBOOK_BASE = "runbook.md"  # alerts link to runbook.md#<fault-kind>
 

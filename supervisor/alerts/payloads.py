@@ -1,7 +1,7 @@
 """Alert sinks: what each one sends, the HMAC signature of the generic webhook, and `Secret`.
 
 Payload builders are pure functions: an `Incident` and a status (`firing` or `resolved`) in, JSON-ready data
-out. Each sink turns them into one `SinkRequest`; `supervisor.alerts.AlertDispatcher` sends it. Secrets
+out. Each sink turns them into one `SinkRequest`; `supervisor.alerts.dispatcher.AlertDispatcher` sends it. Secrets
 (webhook URLs with tokens, routing keys, HMAC keys) travel as `Secret`, whose repr is `Secret('***')`.
 
 Generic webhook signature
@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from supervisor.incident import Incident
+from supervisor.records.incident import Incident
 
 ALERT_NAME = "SglangSupervisorIncident"
 TIMESTAMP_HEADER = "X-SGLSup-Timestamp"

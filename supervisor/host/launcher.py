@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from supervisor.proctree import RUN_MARKER, SERVER_MARKER
+from supervisor.host.proctree import RUN_MARKER, SERVER_MARKER
 
 MiB = 1024 * 1024
 LINE_LIMIT = 16 * 1024

@@ -12,7 +12,7 @@ import socket
 
 import structlog
 
-log = structlog.get_logger("supervisor.sdnotify")
+log = structlog.get_logger("supervisor.reporting.sdnotify")
 
 
 def notify(*fields: str) -> bool:

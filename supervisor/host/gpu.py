@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from supervisor import proctree
+from supervisor.host import proctree
 
 _PROC = Path("/proc")
 _MAPS_LIMIT = 16 * 1024 * 1024

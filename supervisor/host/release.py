@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor import cleanup, gpu, reaper
 from supervisor.config import ServerConfig, SupervisorConfig
-from supervisor.proctree import ProcId
+from supervisor.host import cleanup, gpu, reaper
+from supervisor.host.proctree import ProcId
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """`sglang-supervisor drill SCENARIO`: on-call training — a fault injected live into a simulated server, narrated.
 
-The drill builds the demo deployment (`supervisor.demo.demo_config`, 2 simulated GPUs) in a temporary directory,
+The drill builds the demo deployment (`supervisor.training.demo.demo_config`, 2 simulated GPUs) in a temporary directory,
 runs the daemon in this process, waits until the server serves, arms the fault through the simulator's
 `POST /sim/fault`, drives the traffic its trigger needs, and tells what the supervisor sees and does: each state
 transition with its reason, the incident (fault, evidence, action, rung, flags, forensics bundle), the time to detect
@@ -28,12 +28,12 @@ import aiohttp
 import structlog
 
 from simulator.faults import CATALOG
-from supervisor import proctree
 from supervisor.config import Config, parse_config
 from supervisor.daemon import Daemon
-from supervisor.demo import DEMO_MODEL, demo_config, free_port
-from supervisor.incident import Incident
-from supervisor.journal import IncidentJournal
+from supervisor.host import proctree
+from supervisor.records.incident import Incident
+from supervisor.records.journal import IncidentJournal
+from supervisor.training.demo import DEMO_MODEL, demo_config, free_port
 
 TP = 2
 STALL_AFTER_S = 10.0  # the drill's `stall_after_s` (production default: 20 s)

@@ -17,18 +17,18 @@ import structlog
 from policies.pd import Role
 from policies.plan import Plan
 from policies.states import ServerState
-from supervisor.alerts import AlertDispatcher
+from supervisor.alerts.dispatcher import AlertDispatcher
 from supervisor.config import Config
-from supervisor.forensics import capture
-from supervisor.gpu import GpuBackend
-from supervisor.incident import Incident
-from supervisor.journal import IncidentJournal
-from supervisor.metrics import SupervisorMetrics
-from supervisor.statefile import StateFile
+from supervisor.host.forensics import capture
+from supervisor.host.gpu import GpuBackend
+from supervisor.records.incident import Incident
+from supervisor.records.journal import IncidentJournal
+from supervisor.records.statefile import StateFile
+from supervisor.reporting.metrics import SupervisorMetrics
 
 if TYPE_CHECKING:
-    from supervisor.runtime import Command, ServerRuntime
-    from supervisor.watch import Outcome
+    from supervisor.loop.runtime import Command, ServerRuntime
+    from supervisor.loop.watch import Outcome
 
 log = structlog.get_logger()
 
@@ -195,7 +195,7 @@ class Context:
 
     def restart_decodes(self, prefill: str) -> None:
         """SGLang decode caches prefill endpoints: any prefill restart is followed by a decode restart."""
-        from supervisor.runtime import Command
+        from supervisor.loop.runtime import Command
 
         for name, other in self.runtimes.items():
             if other.cfg.role is Role.DECODE and other.state in (

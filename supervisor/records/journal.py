@@ -15,9 +15,9 @@ from pathlib import Path
 
 import structlog
 
-from supervisor.incident import Incident
+from supervisor.records.incident import Incident
 
-log = structlog.get_logger("supervisor.journal")
+log = structlog.get_logger("supervisor.records.journal")
 
 
 class IncidentJournal:

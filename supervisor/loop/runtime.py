@@ -25,13 +25,13 @@ from policies.parsers_table import ExpectedParsers
 from policies.pd import Role
 from policies.plan import PARSER_KEY, Plan, build_argv, parser_ladder, plan_recovery
 from policies.states import FaultKind, ServerState, check_transition
-from supervisor import launcher, proctree
 from supervisor.config import ServerConfig
-from supervisor.context import Context
-from supervisor.flaghelp import HelpUnavailable, target_flags
-from supervisor.incident import Incident
-from supervisor.recovery import ReleaseReport, stop_and_release
-from supervisor.watch import Outcome, Watcher
+from supervisor.host import launcher, proctree
+from supervisor.host.flaghelp import HelpUnavailable, target_flags
+from supervisor.host.release import ReleaseReport, stop_and_release
+from supervisor.loop.context import Context
+from supervisor.loop.watch import Outcome, Watcher
+from supervisor.records.incident import Incident
 
 S = ServerState
 

@@ -1,0 +1,1 @@
+"""Alert delivery: payloads per receiver, the non-blocking dispatcher, sinks built from config."""

@@ -1,0 +1,1 @@
+"""The per-server control loop: observe, triage, act."""

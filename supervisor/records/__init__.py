@@ -1,0 +1,1 @@
+"""What the daemon remembers: incidents, the incident journal, state.json."""

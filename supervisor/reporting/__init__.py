@@ -1,0 +1,1 @@
+"""What the daemon tells: the status HTTP server, Prometheus metrics, systemd notify, logs."""

@@ -1,0 +1,1 @@
+"""Training and demos: the simulator demo and narrated drills."""
