@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 import aiohttp
 import psutil
 
+from policies.model import ProbeSettings
 from probes.canary import tool_canary
-from probes.settings import ProbeSettings
 from probes.stream_canary import stream_canary
 from tests.e2e.support import ROOT, Deployment, Traffic, free_port_block
 

@@ -27,12 +27,21 @@ GPU drawing real power is computing, so /health 503 during it is not acted on (f
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from probes.base import Observation
-from probes.settings import ProbeSettings
+from policies.model import (
+    Observation,
+    ProbeSettings,
+    canary_values,
+    gpu_values,
+    health_values,
+    logs_values,
+    progress_values,
+    ranks_values,
+    stacks_values,
+)
 
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95})
 CRASH_XIDS = frozenset({13, 31, 43})
@@ -47,6 +56,7 @@ class Fault:
     confidence: float  # 0..1
     reason: str  # one line
     restart: bool  # False for stream_leak (alert only, degraded)
+    onset_at: float | None = None  # monotonic: when the fault began, as far as the evidence tells
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,7 @@ class DiagnoseContext:
     role: str  # "unified" | "prefill" | "decode" | "router"
     started_at: float  # monotonic, this launch
     settings: ProbeSettings
+    healthy_once: bool = False  # /health answered 200 in this launch: a death now is a crash, not a startup
 
 
 class _Window:
@@ -72,42 +83,61 @@ class _Window:
         found = self.by_probe.get(probe)
         return found[-1] if found else None
 
-    def hits(self, kind: str) -> list[dict[str, Any]]:
-        return [h for o in self.all("logs") for h in o.values.get("hits", ()) if h.get("kind") == kind]
+    def hits(self, kind: str) -> list[tuple[float, dict[str, Any]]]:
+        return [
+            (o.at, dict(h))
+            for o in self.all("logs")
+            for h in logs_values(o).get("hits", ())
+            if h.get("kind") == kind
+        ]
 
     def last_progress_at(self) -> float | None:
+        progress, logs = self.latest("progress"), self.latest("logs")
         times = [
-            o.values.get("last_progress_at") for o in (self.latest("progress"), self.latest("logs")) if o
+            progress_values(progress).get("last_progress_at") if progress else None,
+            logs_values(logs).get("last_progress_at") if logs else None,
         ]
         known = [float(t) for t in times if t is not None]
         return max(known) if known else None
 
 
-def _fault(kind: str, reason: str, confidence: float, restart: bool = True, **evidence: Any) -> Fault:
+def _fault(
+    kind: str,
+    reason: str,
+    confidence: float,
+    restart: bool = True,
+    onset: float | None = None,
+    **evidence: Any,
+) -> Fault:
     tags = [t for t in evidence.pop("tags", ()) if t]
-    return Fault(kind, {**evidence, "tags": tags}, confidence, reason, restart)
+    return Fault(kind, {**evidence, "tags": tags}, confidence, reason, restart, onset)
 
 
 def _log_fault(w: _Window, kind: str, confidence: float, as_kind: str | None = None) -> Fault | None:
     hits = w.hits(kind)
     if not hits:
         return None
-    first = hits[0]
+    at, first = hits[0]
     return _fault(
         as_kind or kind,
         f"log: {first['line'][:160]}",
         confidence,
-        logs=hits[:5],
-        tags=[h.get("tag", "") for h in hits],
+        onset=at,
+        logs=[h for _, h in hits[:5]],
+        tags=[h.get("tag", "") for _, h in hits],
     )
 
 
 def _gpu_fault(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     for obs in reversed(w.all("gpu")):
-        fatal = [x for x in obs.values.get("xids", ()) if int(x.get("xid", 0)) in FATAL_XIDS]
+        fatal = [x for x in gpu_values(obs).get("xids", ()) if int(x.get("xid", 0)) in FATAL_XIDS]
         if fatal:
             return _fault(
-                "gpu_fault", f"fatal Xid {fatal[0]['xid']} on GPU {fatal[0].get('index')}", 0.95, gpu=fatal
+                "gpu_fault",
+                f"fatal Xid {fatal[0]['xid']} on GPU {fatal[0].get('index')}",
+                0.95,
+                onset=obs.at,
+                gpu=fatal,
             )
     return _log_fault(w, "gpu_fault", 0.9)
 
@@ -117,28 +147,34 @@ def _oom(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
 
 
 def _crash(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
-    kind = "startup_failure" if ctx.phase == "starting" else "crash"
+    starting = ctx.phase == "starting" and not ctx.healthy_once
+    kind = "startup_failure" if starting else "crash"
     ranks = w.latest("ranks")
     if ranks is not None:
-        v = ranks.values
+        v = ranks_values(ranks)
         if not v.get("main_alive", True):
-            return _fault(kind, "the main process is gone", 0.95, ranks=dict(v))
+            return _fault(kind, "the main process is gone", 0.95, onset=ranks.at, ranks=dict(v))
         missing = [] if ctx.phase == "starting" else list(v.get("missing", ()))  # not all spawned yet
         if missing or v.get("zombie"):
             lost = [*missing, *v.get("zombie", ())]
             return _fault(
-                kind, f"ranks lost while the main process lives: {', '.join(lost)}", 0.9, ranks=dict(v)
+                kind,
+                f"ranks lost while the main process lives: {', '.join(lost)}",
+                0.9,
+                onset=ranks.at,
+                ranks=dict(v),
             )
     found = _log_fault(w, "crash", 0.85, kind)
     if found is not None:
         return found
     for obs in reversed(w.all("gpu")):
-        xids = [x for x in obs.values.get("xids", ()) if int(x.get("xid", 0)) in CRASH_XIDS]
+        xids = [x for x in gpu_values(obs).get("xids", ()) if int(x.get("xid", 0)) in CRASH_XIDS]
         if xids:
             return _fault(
                 kind,
                 f"Xid {xids[0]['xid']}: the GPU context faulted",
                 0.6,
+                onset=obs.at,
                 gpu=xids,
                 tags=["illegal_memory_access"],
             )
@@ -151,14 +187,18 @@ def _startup_failure(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | No
 
 def _stalled(w: _Window, ctx: DiagnoseContext) -> Observation | None:
     progress = w.latest("progress")
-    if progress is None or float(progress.values.get("stalled_s", 0.0)) < ctx.settings.stall_after_s:
+    if progress is None or progress_values(progress).get("stalled_s", 0.0) < ctx.settings.stall_after_s:
         return None
     return progress
 
 
+def _stall_onset(progress: Observation) -> float:
+    return progress.at - float(progress_values(progress).get("stalled_s", 0.0))
+
+
 def _spinning(w: _Window) -> list[int]:
     gpu = w.latest("gpu")
-    return list(gpu.values.get("spin", ())) if gpu else []
+    return list(gpu_values(gpu).get("spin", ())) if gpu else []
 
 
 def _collective_hang(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
@@ -168,24 +208,30 @@ def _collective_hang(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | No
     progress = _stalled(w, ctx)
     if progress is None:
         return None
-    stall = {"stalled_s": progress.values.get("stalled_s"), "work": progress.values.get("work_reasons")}
+    pv = progress_values(progress)
+    stall = {"stalled_s": pv.get("stalled_s"), "work": pv.get("work_reasons")}
+    onset = _stall_onset(progress)
     stacks = w.latest("stacks")
-    if stacks is not None and stacks.at >= now - float(progress.values.get("stalled_s", 0.0)):
-        frames = stacks.values.get("ranks", {})
-        collectives = sorted({r.get("collective") for r in frames.values() if r.get("collective")})
-        if stacks.values.get("diverging"):
+    if stacks is not None and stacks.at >= onset:
+        sv = stacks_values(stacks)
+        frames = sv.get("ranks", {})
+        collectives = sorted({str(r["collective"]) for r in frames.values() if r.get("collective")})
+        if sv.get("diverging"):
             return _fault(
                 "collective_hang",
                 f"ranks blocked in different collectives: {', '.join(collectives)}",
                 0.95,
+                onset=onset,
                 stacks=frames,
                 progress=stall,
             )
-        if stacks.values.get("all_in") and stacks.values.get("all_in") != "recv_requests":
+        all_in = sv.get("all_in")
+        if all_in and all_in != "recv_requests":
             return _fault(
                 "collective_hang",
-                f"every rank blocked in {stacks.values['all_in']} with no progress",
+                f"every rank blocked in {all_in} with no progress",
                 0.85,
+                onset=onset,
                 stacks=frames,
                 progress=stall,
             )
@@ -195,6 +241,7 @@ def _collective_hang(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | No
             "collective_hang",
             f"GPUs {spin} spin (high utilisation, idle power) with no progress",
             0.8,
+            onset=onset,
             gpu_spin=spin,
             progress=stall,
         )
@@ -205,32 +252,41 @@ def _pd_wedge(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     if ctx.role != "decode":
         return None
     progress = w.latest("progress")
-    if progress is None or float(progress.values.get("pd_stalled_s", 0.0)) < ctx.settings.stall_after_s:
+    if progress is None:
         return None
-    v = progress.values
+    v = progress_values(progress)
+    pd_stalled = float(v.get("pd_stalled_s", 0.0))
+    if pd_stalled < ctx.settings.stall_after_s:
+        return None
     return _fault(
         "pd_transfer_wedge",
-        f"transfer queue stuck at {v.get('pd_queue')} for {float(v['pd_stalled_s']):.0f}s, no decode progress",
+        f"transfer queue stuck at {v.get('pd_queue')} for {pd_stalled:.0f}s, no decode progress",
         0.85,
-        progress={"pd_queue": v.get("pd_queue"), "pd_stalled_s": v.get("pd_stalled_s")},
-        logs=w.hits("pd_transfer_wedge")[:5],
+        onset=progress.at - pd_stalled,
+        progress={"pd_queue": v.get("pd_queue"), "pd_stalled_s": pd_stalled},
+        logs=[h for _, h in w.hits("pd_transfer_wedge")[:5]],
     )
 
 
 def _decode_wedge(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     progress = _stalled(w, ctx)
     if progress is not None:
-        v = progress.values
+        v = progress_values(progress)
         stacks = w.latest("stacks")
         return _fault(
             "decode_wedge",
             f"work in flight ({', '.join(v.get('work_reasons', ()))}) and no token progress for "
-            f"{float(v['stalled_s']):.0f}s",
+            f"{float(v.get('stalled_s', 0.0)):.0f}s",
             0.85,
+            onset=_stall_onset(progress),
             progress={
-                k: v.get(k) for k in ("stalled_s", "work_reasons", "running", "active_gen", "counters")
+                "stalled_s": v.get("stalled_s"),
+                "work_reasons": v.get("work_reasons"),
+                "running": v.get("running"),
+                "active_gen": v.get("active_gen"),
+                "counters": v.get("counters"),
             },
-            stacks=stacks.values.get("ranks") if stacks else None,
+            stacks=stacks_values(stacks).get("ranks") if stacks else None,
         )
     return _log_fault(w, "decode_wedge", 0.8)
 
@@ -238,11 +294,12 @@ def _decode_wedge(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
 def _parser(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     for probe in ("config_check", "canary_tool", "canary_reasoning"):
         obs = w.latest(probe)
-        if obs is not None and obs.values.get("verdict") == "fail":
+        if obs is not None and canary_values(obs).get("verdict") == "fail":
             return _fault(
                 "parser_misconfig",
                 f"{probe}: {obs.detail}",
                 0.95 if probe != "config_check" else 0.9,
+                onset=obs.at,
                 probe=probe,
                 values=dict(obs.values),
             )
@@ -254,7 +311,7 @@ def _unresponsive(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
         return None
     failing: list[Observation] = []
     for obs in reversed(w.all("health")):
-        if obs.ok or obs.values.get("refused"):
+        if obs.ok or health_values(obs).get("refused"):
             break
         failing.append(obs)
     s = ctx.settings
@@ -266,17 +323,22 @@ def _unresponsive(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     last = w.last_progress_at()
     if last is not None and last >= since:
         return None
-    codes = [o.values.get("status") for o in reversed(failing)]
+    codes = [health_values(o).get("status") for o in reversed(failing)]
     return _fault(
         "health_unresponsive",
         f"/health failing for {now - since:.0f}s ({len(failing)} probes) with no progress",
         0.8,
+        onset=since,
         health={"statuses": codes[-10:], "since": since},
         last_progress_at=last,
     )
 
 
 def _startup_stalled(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    """While starting: no progress line for `startup_silence_s`, or the budget (extended by progress) spent.
+
+    Progress is the newest of a startup log line (shards, graph capture, JIT) and the metrics lease.
+    """
     if ctx.phase != "starting":
         return None
     s = ctx.settings
@@ -286,23 +348,34 @@ def _startup_stalled(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | No
     logs = w.latest("logs")
     evidence = {
         "silent_s": round(silent, 1),
-        "progress_line": logs.values.get("progress_line") if logs else None,
+        "progress_line": logs_values(logs).get("progress_line") if logs else None,
     }
     if silent >= s.startup_silence_s:
-        return _fault("startup_stalled", f"no startup progress for {silent:.0f}s", 0.8, startup=evidence)
+        return _fault(
+            "startup_stalled", f"no startup progress for {silent:.0f}s", 0.8, onset=last, startup=evidence
+        )
     if now >= deadline:
         return _fault(
-            "startup_stalled", f"startup budget of {s.startup_budget_s:.0f}s spent", 0.8, startup=evidence
+            "startup_stalled",
+            f"startup budget of {s.startup_budget_s:.0f}s spent",
+            0.8,
+            onset=ctx.started_at + s.startup_budget_s,
+            startup=evidence,
         )
     return None
 
 
 def _stream_leak(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     obs = w.latest("canary_stream")
-    if obs is None or obs.values.get("verdict") != "fail":
+    if obs is None or canary_values(obs).get("verdict") != "fail":
         return None
     return _fault(
-        "stream_leak", f"canary_stream: {obs.detail}", 0.9, restart=False, canary_stream=dict(obs.values)
+        "stream_leak",
+        f"canary_stream: {obs.detail}",
+        0.9,
+        restart=False,
+        onset=obs.at,
+        canary_stream=dict(obs.values),
     )
 
 
@@ -321,11 +394,20 @@ _RULES = (
 )
 
 
-def diagnose(observations: Sequence[Observation], ctx: DiagnoseContext, now: float) -> Fault | None:
-    """The fault the observations show, by the precedence in the module docstring, or None."""
+def diagnose(
+    observations: Sequence[Observation],
+    ctx: DiagnoseContext,
+    now: float,
+    only: Collection[str] | None = None,
+) -> Fault | None:
+    """The fault the observations show, by the precedence in the module docstring, or None.
+
+    With `only`, faults of other kinds are passed over (the phase rules of `policies.triage`), so a kind that
+    does not count in this phase never masks one that does.
+    """
     window = _Window(observations)
     for rule in _RULES:
         fault = rule(window, ctx, now)
-        if fault is not None:
+        if fault is not None and (only is None or fault.kind in only):
             return fault
     return None

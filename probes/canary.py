@@ -25,8 +25,8 @@ from policies.leaks import (
     judge_reasoning,
     judge_tool,
 )
-from probes.base import Observation, read_capped
-from probes.settings import ProbeSettings
+from policies.model import Observation, ProbeSettings
+from probes.base import read_capped
 
 TOOL_NAME = "get_weather"
 MAX_BODY = 1024 * 1024

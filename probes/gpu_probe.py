@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.base import Observation
+from policies.model import GpuValues, Observation, XidEvent
 
 SPIN_UTIL_PCT = 95.0
 SPIN_POWER_FRACTION = 0.35
@@ -45,7 +45,10 @@ class GpuWatch:
             return Observation(
                 "gpu", now, False, f"GPU read failed: {type(exc).__name__}: {exc}"[:200], None, {}
             )
-        summary, spin, busy, xids = [], [], [], []
+        summary: list[dict[str, Any]] = []
+        spin: list[int] = []
+        busy: list[int] = []
+        xids: list[XidEvent] = []
         for g in gpus:
             index = int(_num(g, "index"))
             util, power, limit = _num(g, "utilization_gpu"), _num(g, "power_w"), _num(g, "power_limit_w")
@@ -74,5 +77,5 @@ class GpuWatch:
             parts.append(f"spinning {spin}")
         if xids:
             parts.append("Xid " + ", ".join(f"{x['xid']}@GPU{x['index']}" for x in xids))
-        values = {"gpus": summary, "spin": spin, "busy": busy, "xids": xids}
+        values: GpuValues = {"gpus": summary, "spin": spin, "busy": busy, "xids": xids}
         return Observation("gpu", now, not xids, "; ".join(parts), time.monotonic() - start, values)

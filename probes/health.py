@@ -12,7 +12,7 @@ import time
 
 import aiohttp
 
-from probes.base import Observation
+from policies.model import HealthValues, Observation
 
 
 async def probe_health(
@@ -36,5 +36,5 @@ async def probe_health(
         error = f"{type(exc).__name__}: {exc}"[:200]
     end = time.monotonic()
     detail = f"{path} {status if status is not None else error}"
-    values = {"status": status, "refused": refused, "timeout": timed_out}
+    values: HealthValues = {"status": status, "refused": refused, "timeout": timed_out}
     return Observation("health", end, status == 200, detail, end - start, values)

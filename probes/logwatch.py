@@ -7,8 +7,8 @@ the budget; steady-state `Prefill batch` / `Decode batch` lines count as engine 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from policies.model import LogHit, LogsValues, Observation
 from policies.signatures import (
     DECODE_PROGRESS,
     PREFILL_PROGRESS,
@@ -16,7 +16,6 @@ from policies.signatures import (
     STARTUP_PROGRESS,
     classify,
 )
-from probes.base import Observation
 
 MAX_HITS = 20  # per observation: a crash loop or a retract storm must not bloat the window
 MAX_LINE = 400
@@ -39,7 +38,7 @@ class LogWatch:
 
     def observe(self, lines: list[str], now: float) -> Observation:
         """Classify the new lines (probe `logs`)."""
-        hits: list[dict[str, Any]] = []
+        hits: list[LogHit] = []
         batches = {PREFILL_PROGRESS: 0, DECODE_PROGRESS: 0}
         dropped = 0
         for line in lines:
@@ -66,7 +65,7 @@ class LogWatch:
             detail = f"{fatal[0]['kind']}: {fatal[0]['line'][:160]}"
         else:
             detail = f"{len(lines)} new lines, {sum(batches.values())} batch lines"
-        values = {
+        values: LogsValues = {
             "hits": hits,
             "dropped_hits": dropped,
             "lines": len(lines),

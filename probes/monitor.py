@@ -1,9 +1,11 @@
-"""One Monitor per supervised server: the probe schedule, the observation window, startup and diagnosis views.
+"""One Monitor per supervised server: the probe schedule and the window of what the probes saw. It observes;
+deciding what the window means is `policies.triage`.
 
 `tick(now)` never blocks for long: HTTP probes and py-spy run as tasks, at most one in flight per kind, and their
 observations are collected on a later tick. Cheap local probes (logs, ranks, GPU) run inline at most once a
 second. With the default settings the HTTP probes send about 0.3 requests/s on average (/health every 10 s,
-/metrics every 5 s, two chat completions and /server_info every 5 min, 16 streams every 30 min).
+/metrics every 5 s, two chat completions and /server_info every 5 min, `stream_canary_concurrency` streams every
+30 min).
 """
 
 from __future__ import annotations
@@ -14,39 +16,23 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from policies.diagnose import DiagnoseContext, Fault, diagnose
-from policies.leaks import FAIL, INCONCLUSIVE, PASS
-from probes.base import Observation, TreeView
+from policies.leaks import INCONCLUSIVE, PASS
+from policies.model import Observation, ProbeSettings, TreeView
 from probes.canary import config_check, reasoning_canary, tool_canary
 from probes.gpu_probe import GpuWatch
 from probes.health import probe_health
 from probes.logwatch import LogWatch
 from probes.progress import ProgressTracker, scrape_metrics
-from probes.settings import ProbeSettings
 from probes.stacks import observe_ranks, probe_stacks
 from probes.stream_canary import stream_canary
 
 LOCAL_PERIOD_S = 1.0
 CANARY_RETRY_S = 15.0
 STARTUP_HEALTH_PERIOD_S = 2.0
-_PARSER_PROBES = ("config_check", "canary_tool", "canary_reasoning")
-
-
-@dataclass(frozen=True)
-class StartupView:
-    """How the current launch is getting on."""
-
-    health_ok: bool
-    canary_ok: bool
-    progress: str | None  # the last startup progress line (shard %, graph capture, JIT ...)
-    stalled: bool  # no progress line for startup_silence_s
-    over_budget: bool  # the startup budget (extended by progress) is spent
-    failed: bool  # a definitive canary / config failure: parser_misconfig
 
 
 class Monitor:
@@ -64,11 +50,11 @@ class Monitor:
         gpu: Callable[[], list[dict[str, Any]]] | None,
         log_lines: Callable[[], list[str]],
         pids_for_stacks: Callable[[], dict[int, str]],
-        router_url: str | None = None,
+        canary_url: str | None = None,
     ) -> None:
         self.server, self.role, self.model, self.settings = server, role, model, settings
         self.base_url = base_url.rstrip("/")
-        self.canary_url = (router_url or self.base_url).rstrip("/") if role == "decode" else self.base_url
+        self.canary_url = (canary_url or self.base_url).rstrip("/")
         self._tree, self._gpu_read, self._log_lines, self._pids = tree, gpu, log_lines, pids_for_stacks
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[Observation]] = {}
@@ -88,6 +74,7 @@ class Monitor:
         self._due: dict[str, float] = {"health": now, "progress": now, "local": now, "logs_quiet": now}
         self._canary_history: deque[str] = deque(maxlen=3)
         self._armed: set[str] = set()  # canaries scheduled at least once this launch
+        self._healthy_seen = False  # /health answered 200 in this launch (probe it at its own period then)
         self._pending: list[Observation] = []  # recorded by a running task, returned by the next tick
         self._cpu: dict[str, float] = {}
         self._stacks_for: float | None = None
@@ -105,26 +92,13 @@ class Monitor:
         self._prune(now)
         return new
 
-    def startup(self, now: float) -> StartupView:
-        """The startup view of this launch (see StartupView)."""
-        s = self.settings
-        health = self._latest.get("health")
-        last = max(self.started_at, self._logs.last_progress_at or self.started_at)
-        wanted = ["canary_tool"] + (["canary_reasoning"] if s.expected_reasoning_parser else [])
-        canary_ok = all(self._verdict(p) == PASS for p in wanted) and self._verdict("config_check") != FAIL
-        return StartupView(
-            health_ok=bool(health and health.ok),
-            canary_ok=canary_ok,
-            progress=self._logs.progress_line,
-            stalled=now - last >= s.startup_silence_s,
-            over_budget=now >= max(self.started_at + s.startup_budget_s, last + s.startup_silence_s),
-            failed=any(self._verdict(p) == FAIL for p in _PARSER_PROBES),
-        )
+    def window(self) -> list[Observation]:
+        """What the probes saw in this launch (pruned by age; the newest of each probe always kept)."""
+        return list(self._window)
 
-    def diagnose(self, now: float, phase: str) -> Fault | None:
-        """The fault the window shows now, or None (policies.diagnose)."""
-        ctx = DiagnoseContext(phase, self.role, self.started_at, self.settings)
-        return diagnose(list(self._window), ctx, now)
+    def reconfigure(self, settings: ProbeSettings) -> None:
+        """New probe settings (a config reload) take effect from the next tick."""
+        self.settings = settings
 
     async def aclose(self) -> None:
         """Cancel the probes in flight and close the HTTP session."""
@@ -161,10 +135,6 @@ class Monitor:
 
     # ---- internals
 
-    def _verdict(self, probe: str) -> str | None:
-        obs = self._latest.get(probe)
-        return str(obs.values.get("verdict")) if obs is not None else None
-
     def _record(self, obs: Observation) -> None:
         self._window.append(obs)
         self._latest[obs.probe] = obs
@@ -194,7 +164,9 @@ class Monitor:
     def _after(self, kind: str, obs: Observation, now: float) -> Observation:
         """Follow-ups of a finished probe: canary retries and the 2-of-3 soft verdict, the first canary."""
         s = self.settings
-        if kind == "health" and obs.ok and "canary_tool" not in self._armed:
+        if kind == "health" and obs.ok:
+            self._healthy_seen = True
+        if kind == "health" and obs.ok and "canary_tool" not in self._armed and s.canaries_on:
             self._armed.add("canary_tool")
             self._due["canary_tool"] = now
         if kind == "canary_tool":
@@ -206,10 +178,10 @@ class Monitor:
             )
             soft = retry and sum(v == INCONCLUSIVE for v in self._canary_history) >= 2
             obs = dataclasses.replace(obs, values={**obs.values, "soft_fail": soft})
-            if verdict == PASS and "canary_stream" not in self._armed:
+            if verdict == PASS and "canary_stream" not in self._armed and s.stream_canary_on:
                 self._armed.add("canary_stream")
                 self._due["canary_stream"] = now + min(s.stream_canary_period_s, s.canary_period_s)
-        if kind == "canary_stream":
+        if kind == "canary_stream" and s.stream_canary_on:
             self._due["canary_stream"] = now + s.stream_canary_period_s
         return obs
 
@@ -244,7 +216,7 @@ class Monitor:
     def _start_due(self, now: float) -> None:
         s = self.settings
         # Until the first 200 the port is closed or warming up: refusals and 503s are cheap, probe more often.
-        first = "canary_tool" not in self._armed
+        first = not self._healthy_seen
         self._launch(
             "health",
             now,

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from probes.base import Observation, read_capped
+from policies.model import Observation, ProgressValues
+from probes.base import read_capped
 
 GENERATION_ENDPOINTS = frozenset(
     {"/generate", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
@@ -133,7 +134,7 @@ class ProgressTracker:
             self.work_since = None
         stalled = now - max(self.work_since or now, self.last_progress_at or now) if reasons else 0.0
         pd_stalled = self._pd(pd_queue, moved, now)
-        values = {
+        values: ProgressValues = {
             "scrape_ok": samples is not None,
             "work": bool(reasons),
             "work_reasons": reasons,

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from probes.base import Observation, TreeView
+from policies.model import Observation, RanksValues, StacksValues, TreeView
 
 # Checked in order against each frame's function name; the first token found names the collective.
 COLLECTIVES = (
@@ -118,7 +118,12 @@ async def probe_stacks(pids: dict[int, str], budget_s: float) -> Observation:
         detail = f"all {len(dumped)} ranks in {all_in}"
     else:
         detail = f"{len(dumped)}/{len(ranks)} ranks dumped, no common collective"
-    values = {"ranks": ranks, "diverging": diverging, "all_in": all_in, "collectives": sorted(seen)}
+    values: StacksValues = {
+        "ranks": ranks,
+        "diverging": diverging,
+        "all_in": all_in,
+        "collectives": sorted(seen),
+    }
     return Observation("stacks", end, bool(dumped), detail, end - start, values)
 
 
@@ -134,7 +139,7 @@ def observe_ranks(tree: TreeView, previous_cpu: dict[str, float], now: float) ->
         detail = f"ranks lost: missing {missing}, zombie {zombie}"
     else:
         detail = f"{len(cpu)} ranks alive"
-    values = {
+    values: RanksValues = {
         "main_alive": tree.main_alive,
         "missing": missing,
         "zombie": zombie,

@@ -14,9 +14,8 @@ import time
 import aiohttp
 
 from policies.leaks import FAIL, INCONCLUSIVE, PASS, judge_tool
-from probes.base import Observation
+from policies.model import CanaryValues, Observation, ProbeSettings
 from probes.canary import TOOL_NAME, chat, tool_body
-from probes.settings import ProbeSettings
 
 CITIES = (
     "Paris", "Oslo", "Lima", "Kyiv", "Quito", "Accra", "Hanoi", "Dakar",
@@ -61,7 +60,7 @@ async def stream_canary(
     else:
         verdict, reason = INCONCLUSIVE, f"{passed}/{n} streams passed, none failed"
     end = time.monotonic()
-    values = {
+    values: CanaryValues = {
         "verdict": verdict,
         "reason": reason,
         "concurrency": n,

@@ -191,7 +191,9 @@ def render_status(body: dict[str, Any]) -> str:
             lines.append(f"  fallback flags: {' '.join(fb['flags'])}")
         start = s.get("startup")
         if start:
-            lines.append(f"  startup: {start.get('progress') or 'waiting for the port'}")
+            lines.append(f"  startup: waiting for {start.get('waiting_for') or 'the launch'}")
+            if start.get("progress"):
+                lines.append(f"  progress: {start['progress']}")
         last = s.get("last_incident")
         if last:
             lines.append(

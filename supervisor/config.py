@@ -129,6 +129,8 @@ class ProbesConfig(_Model):
     metrics_period_s: float = Field(5, gt=0)
     expected_tool_parser: str = "auto"
     expected_reasoning_parser: str = "auto"
+    canary_mode: Literal["require", "advisory", "off"] = "require"
+    canary_inconclusive_limit: int = Field(3, ge=1, le=100)
 
 
 class PolicyConfig(_Model):

@@ -1,4 +1,8 @@
-"""The daemon: config, state file, one runtime per server, status HTTP, signals, sd_notify."""
+"""The daemon: config, state file, one server loop per server, status HTTP, signals, sd_notify.
+
+systemd's `WATCHDOG=1`, `/healthz` and the `loop_last_tick` metric are fed only while every server loop beats
+(or is inside a bounded step such as a release): a wedged server loop stops them, and systemd restarts us.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,8 @@ import asyncio
 import contextlib
 import os
 import signal
-import time
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -16,8 +20,11 @@ from policies.states import ServerState, worst
 from supervisor.alerts.from_config import build_dispatcher
 from supervisor.config import Config, ConfigError, load_config
 from supervisor.host.gpu import open_backend
-from supervisor.loop.context import Context
-from supervisor.loop.runtime import Command, ServerRuntime
+from supervisor.loop.clock import Clock, SystemClock
+from supervisor.loop.commands import Command
+from supervisor.loop.host import Host, RealHost
+from supervisor.loop.incidents import IncidentBook
+from supervisor.loop.server import ServerLoop, Services
 from supervisor.records.journal import IncidentJournal
 from supervisor.records.statefile import StateFile
 from supervisor.reporting import sdnotify
@@ -25,72 +32,116 @@ from supervisor.reporting.metrics import SupervisorMetrics
 from supervisor.reporting.status_http import StatusServer
 
 log = structlog.get_logger()
+STALE_MIN_S = 10.0  # a server loop that has not beaten for max(this, 10 ticks) is wedged
 
 
 class Daemon:
     """Owns every server of one host's deployment."""
 
-    def __init__(self, config: Config, config_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        config_path: Path | None = None,
+        *,
+        host: Host | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.config = config
         self.config_path = config_path
         sup = config.supervisor
         Path(sup.state_dir).mkdir(parents=True, exist_ok=True)
         Path(sup.log_dir).mkdir(parents=True, exist_ok=True)
         self.metrics = SupervisorMetrics()
-        backend = open_backend(sup.gpu_backend, Path(sup.sim_state_dir) if sup.sim_state_dir else None)
-        self.ctx = Context(
-            config,
-            StateFile.load(Path(sup.state_dir) / "state.json"),
-            self.metrics,
-            backend,
-            IncidentJournal(Path(sup.state_dir) / "incidents.jsonl"),
-            build_dispatcher(config.alerts, self.metrics),
-            self._state_changed,
+        if host is None:
+            backend = open_backend(sup.gpu_backend, Path(sup.sim_state_dir) if sup.sim_state_dir else None)
+            host = RealHost(backend, gpu_enabled=sup.gpu_backend != "none")
+        self.clock = clock or SystemClock()
+        self.journal = IncidentJournal(Path(sup.state_dir) / "incidents.jsonl")
+        self.alerts = build_dispatcher(config.alerts, self.metrics)
+        self.svc = Services(
+            config=config,
+            statefile=StateFile.load(Path(sup.state_dir) / "state.json"),
+            metrics=self.metrics,
+            incidents=IncidentBook(self.journal, self.metrics, self.alerts),
+            host=host,
+            clock=self.clock,
+            on_state_change=self._state_changed,
         )
         roles = {s.name: s.role for s in config.servers}
         order = start_order(roles, {s.name: list(s.depends_on) for s in config.servers})
-        self.runtimes = [ServerRuntime(config.server(name), self.ctx) for name in order]
-        self.ctx.runtimes = {rt.name: rt for rt in self.runtimes}
-        self.last_tick = time.monotonic()
-        self.started = time.time()
+        self.loops = [ServerLoop(config.server(name), self.svc) for name in order]
+        self.svc.loops = {loop.name: loop for loop in self.loops}
+        self.started = self.clock.wall()
         self.stop_event = asyncio.Event()
-        self.status = StatusServer(self)
+        self.status = StatusServer(self, sup.http)
 
     @property
     def state(self) -> ServerState:
         """The daemon's state: the worst of its servers."""
-        return worst(rt.state for rt in self.runtimes)
+        return worst(loop.state for loop in self.loops)
 
     def status_line(self) -> str:
         """One line for systemd's STATUS= and the logs."""
         parts = [
-            f"{rt.name}={rt.state.value}" + (f"(rung {rt.rung})" if rt.rung else "") for rt in self.runtimes
+            f"{loop.name}={loop.state.value}" + (f"(rung {loop.rung})" if loop.rung else "")
+            for loop in self.loops
         ]
         return f"{self.state.value}: " + " ".join(parts)
 
     def _state_changed(self) -> None:
         sdnotify.status(self.status_line())
 
-    def runtime(self, name: str | None) -> list[ServerRuntime]:
+    def targets(self, name: str | None) -> list[ServerLoop]:
         """The named server, or all of them."""
         if name is None:
-            return list(self.runtimes)
-        return [rt for rt in self.runtimes if rt.name == name]
+            return list(self.loops)
+        return [loop for loop in self.loops if loop.name == name]
+
+    # ---- what the status server reads (reporting.status_http.StatusSource)
+    def status_document(self) -> dict[str, Any]:
+        """The `/status` document."""
+        return {
+            "state": self.state.value,
+            "status_line": self.status_line(),
+            "pid": os.getpid(),
+            "started_at": self.started,
+            "servers": [loop.status() for loop in self.loops],
+            "incidents": [i.to_json() for i in list(self.svc.incidents.recent)[-20:]][::-1],
+        }
+
+    def incidents_page(self, offset: int, limit: int) -> list[dict[str, Any]]:
+        """A page of the journal, newest first."""
+        return [i.to_json() for i in self.journal.page(offset, limit)]
+
+    def metrics_text(self) -> bytes:
+        """The Prometheus exposition."""
+        return self.metrics.render()
+
+    def token_file(self) -> Path | None:
+        """The control token's file."""
+        return self.config.supervisor.http.token_file
+
+    def loop_health(self) -> tuple[bool, float]:
+        """Every server loop fresh?, and the age of the stalest beat."""
+        now = self.clock.monotonic()
+        after = max(STALE_MIN_S, 10 * self.config.supervisor.tick_s)
+        age = max((now - loop.last_beat for loop in self.loops), default=0.0)
+        return not any(loop.stale(now, after) for loop in self.loops), age
 
     async def control(self, kind: str, server: str | None, reason: str, actor: str) -> dict[str, str]:
         """Queue an operator command for one or all servers; answers once each runtime took it."""
-        targets = self.runtime(server)
+        targets = self.targets(server)
         if not targets:
             raise KeyError(server or "")
         results: dict[str, str] = {}
-        loop = asyncio.get_running_loop()
-        for rt in targets:
-            done: asyncio.Future[str] = loop.create_future()
-            rt.commands.put_nowait(Command(kind, reason, actor, done))
+        aio = asyncio.get_running_loop()
+        for loop in targets:
+            done: asyncio.Future[str] = aio.create_future()
+            loop.commands.put_nowait(Command(kind, reason, actor, done))
             try:
-                results[rt.name] = await asyncio.wait_for(asyncio.shield(done), timeout=5.0)
+                results[loop.name] = await asyncio.wait_for(asyncio.shield(done), timeout=5.0)
             except TimeoutError:
-                results[rt.name] = "queued"
+                results[loop.name] = "queued"
         return results
 
     def reload(self) -> None:
@@ -110,55 +161,58 @@ class Daemon:
             )
             return
         self.config = new
-        self.ctx.config = new
-        for rt in self.runtimes:
-            rt.cfg = new.server(rt.name)
+        self.svc.config = new
+        for loop in self.loops:
+            loop.reconfigure(new.server(loop.name))
         log.info("config.reloaded", path=str(self.config_path))
 
     async def tick(self) -> None:
-        """The daemon's heartbeat: /healthz freshness, metrics timestamp, systemd watchdog."""
+        """The daemon's heartbeat: while every server loop is fresh, the metrics timestamp and systemd's watchdog."""
         interval = sdnotify.watchdog_interval_s()
         period = min(self.config.supervisor.tick_s, (interval / 3) if interval else 5.0)
         while not self.stop_event.is_set():
-            self.last_tick = time.monotonic()
-            self.metrics.tick(time.time())
-            sdnotify.watchdog()
+            fresh, age = self.loop_health()
+            if fresh:
+                self.metrics.tick(self.clock.wall())
+                sdnotify.watchdog()
+            else:
+                log.error("daemon.loop_stale", age_s=round(age, 1), hint="a server loop stopped beating")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop_event.wait(), timeout=period)
 
     async def run(self) -> int:
         """Run until SIGTERM/SIGINT; then stop every server in order and return 0."""
-        loop = asyncio.get_running_loop()
+        aio = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop_event.set)
-        loop.add_signal_handler(signal.SIGHUP, self.reload)
-        loop.add_signal_handler(signal.SIGQUIT, lambda: log.warning("signal.sigquit_ignored"))
-        if self.ctx.alerts is not None:
-            await self.ctx.alerts.start()
+            aio.add_signal_handler(sig, self.stop_event.set)
+        aio.add_signal_handler(signal.SIGHUP, self.reload)
+        aio.add_signal_handler(signal.SIGQUIT, lambda: log.warning("signal.sigquit_ignored"))
+        if self.alerts is not None:
+            await self.alerts.start()
         await self.status.start()
         ticker = asyncio.create_task(self.tick())
-        tasks = [asyncio.create_task(rt.run(), name=f"server.{rt.name}") for rt in self.runtimes]
+        tasks = [asyncio.create_task(loop.run_forever(), name=f"server.{loop.name}") for loop in self.loops]
         sdnotify.ready(self.status_line())
         log.info(
             "daemon.started",
             pid=os.getpid(),
             status_url=self.status.url,
-            servers=[rt.name for rt in self.runtimes],
+            servers=[loop.name for loop in self.loops],
         )
         await self.stop_event.wait()
         log.info("daemon.stopping")
         sdnotify.stopping()
-        for rt in reversed(self.runtimes):
-            rt.stopping = True
-            rt.commands.put_nowait(Command("stop", "daemon stopping", "supervisor"))
+        for loop in reversed(self.loops):
+            loop.stopping = True
+            loop.commands.put_nowait(Command("stop", "daemon stopping", "supervisor"))
         await asyncio.gather(*tasks, return_exceptions=True)
         for task in tasks:
             if task.done() and not task.cancelled() and task.exception() is not None:
                 log.error("server.task_failed", task=task.get_name(), error=repr(task.exception()))
         ticker.cancel()
         await self.status.stop()
-        if self.ctx.alerts is not None:
-            await self.ctx.alerts.aclose(5.0)
-        self.ctx.save_state()
+        if self.alerts is not None:
+            await self.alerts.aclose(5.0)
+        self.svc.save_state()
         log.info("daemon.stopped")
         return 0

@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 
 from policies.diagnose import DiagnoseContext, diagnose
-from probes.base import Observation
-from probes.settings import ProbeSettings
+from policies.model import Observation, ProbeSettings
 
 S = ProbeSettings()
 NOW = 1000.0

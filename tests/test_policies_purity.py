@@ -1,4 +1,4 @@
-"""policies/ stays pure: no module imports anything that does I/O or reads the clock."""
+"""policies/ stays pure: no module imports anything that does I/O or reads the clock, nor probes or supervisor."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ BANNED = {
     "psutil",
     "socket",
     "signal",
+    "probes",
+    "supervisor",
 }
 MODULES = sorted((Path(__file__).resolve().parent.parent / "policies").glob("*.py"))
 
@@ -23,7 +25,7 @@ MODULES = sorted((Path(__file__).resolve().parent.parent / "policies").glob("*.p
 @pytest.mark.unit
 @pytest.mark.parametrize("path", MODULES, ids=[p.name for p in MODULES])
 def test_policy_module_imports_nothing_impure(path: Path) -> None:
-    """A policies module imports none of the I/O modules directly."""
+    """A policies module imports none of the I/O modules, and neither `probes` nor `supervisor`."""
     imported: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):

@@ -13,10 +13,11 @@ import pytest
 from probes_support import Sim, launch_sim
 
 from policies.diagnose import DiagnoseContext, Fault, diagnose
+from policies.model import ProbeSettings
+from policies.triage import ServerFacts, TreeFacts, Triage, triage
 from probes.canary import tool_canary
 from probes.health import probe_health
 from probes.monitor import Monitor
-from probes.settings import ProbeSettings
 from probes.stream_canary import stream_canary
 
 KIMI = "moonshotai/Kimi-K2.5"
@@ -49,9 +50,21 @@ async def drive(monitor: Monitor, until: Callable[[float], Any], timeout_s: floa
     raise AssertionError(f"condition not reached in {timeout_s}s: {monitor.snapshot()['probes'].keys()}")
 
 
+def triaged(monitor: Monitor, phase: str, now: float) -> Triage:
+    """What the policies make of the monitor's window now, in `phase`."""
+    facts = ServerFacts(monitor.role, phase, monitor.started_at, monitor.settings)
+    return triage(monitor.window(), TreeFacts(), facts, now)
+
+
+def health_ok(monitor: Monitor) -> bool:
+    """The latest /health probe answered 200."""
+    health = monitor.snapshot()["probes"].get("health")
+    return bool(health and health["ok"])
+
+
 async def serve(monitor: Monitor) -> None:
     """Drive until /health is 200 and the canary passed (the server is `serving`)."""
-    await drive(monitor, lambda now: monitor.startup(now).canary_ok, 30)
+    await drive(monitor, lambda now: triaged(monitor, "starting", now).serving, 30)
 
 
 async def user_requests(url: str, model: str, n: int) -> list[asyncio.Task[None]]:
@@ -103,7 +116,7 @@ async def test_canary_passes_with_the_right_parsers_at_under_one_request_per_sec
             assert snap["canary_reasoning"]["values"]["verdict"] == "pass"
             assert snap["canary_tool"]["values"]["verdict"] == "pass"
             await drive(monitor, lambda now: now - start >= 20, 30)
-            assert monitor.diagnose(time.monotonic(), "serving") is None
+            assert triaged(monitor, "serving", time.monotonic()).fault is None
             elapsed = time.monotonic() - start
         finally:
             await monitor.aclose()
@@ -128,8 +141,7 @@ async def test_misconfigured_parser_fails_the_canary(
     with launch_sim(tmp_path, model, *flags) as sim:
         monitor = monitor_for(sim, model, ProbeSettings())
         try:
-            await drive(monitor, lambda now: monitor.startup(now).failed, 30)
-            fault = monitor.diagnose(time.monotonic(), "starting")
+            fault = await drive(monitor, lambda now: triaged(monitor, "starting", now).fault, 30)
         finally:
             await monitor.aclose()
     assert fault is not None and fault.kind == "parser_misconfig" and fault.restart
@@ -149,7 +161,7 @@ async def test_overlap_desync_wedge_is_seen_and_stacks_show_diverging_ranks(tmp_
             await serve(monitor)
             wedge_started = time.monotonic()
             users = await user_requests(sim.base_url, KIMI, 3)
-            fault: Fault = await drive(monitor, lambda now: monitor.diagnose(now, "serving"), 40)
+            fault: Fault = await drive(monitor, lambda now: triaged(monitor, "serving", now).fault, 40)
             latency = time.monotonic() - wedge_started
             health = monitor.snapshot()["probes"]["health"]
         finally:
@@ -189,7 +201,7 @@ async def test_long_prefill_health_503_is_not_a_fault(tmp_path: Path) -> None:
 
             def watch(now: float) -> bool:
                 statuses.add(monitor.snapshot()["probes"]["health"]["values"]["status"])
-                fault = monitor.diagnose(now, "serving")
+                fault = triaged(monitor, "serving", now).fault
                 if fault is not None:
                     faults.append(fault)
                 return now >= end
@@ -211,7 +223,7 @@ async def test_leak_only_under_concurrency_is_stream_leak(tmp_path: Path) -> Non
     with launch_sim(tmp_path, KIMI, "--tool-call-parser", "kimi_k2", scenario=scenario) as sim:
         monitor = monitor_for(sim, KIMI, settings)
         try:
-            await drive(monitor, lambda now: monitor.startup(now).health_ok, 30)
+            await drive(monitor, lambda now: health_ok(monitor), 30)
         finally:
             await monitor.aclose()
         async with aiohttp.ClientSession() as session:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -14,13 +13,14 @@ from aiohttp import web
 from probes_support import free_port
 
 from policies.leaks import FAIL, INCONCLUSIVE, PASS
+from policies.model import ProbeSettings, TreeView
+from policies.triage import ServerFacts, TreeFacts, Triage, triage
 from probes.canary import chat, from_json, reassemble, tool_canary
 from probes.gpu_probe import GpuWatch
 from probes.health import probe_health
 from probes.logwatch import LogWatch
 from probes.monitor import Monitor
 from probes.progress import ProgressTracker, parse_metrics, progress_counters
-from probes.settings import ProbeSettings
 from probes.stacks import classify, observe_ranks, parse_dump
 
 METRICS = """# HELP sglang:num_running_reqs num_running_reqs
@@ -136,20 +136,12 @@ def test_parse_dump_and_classify_innermost_collective() -> None:
     assert classify(["forward (m.py:1)"]) == (None, None)
 
 
-@dataclass
-class FakeTree:
-    main_alive: bool = True
-    missing_ranks: list[str] = field(default_factory=list)
-    zombie_ranks: list[str] = field(default_factory=list)
-    rank_cpu_s: dict[str, float] = field(default_factory=dict)
-
-
 @pytest.mark.unit
 def test_ranks_observation_reports_lost_ranks_and_cpu_advance() -> None:
     """Missing/zombie ranks fail the probe; CPU time advancing is evidence per rank."""
-    obs = observe_ranks(FakeTree(rank_cpu_s={"TP0": 2.0, "TP1": 1.0}), {"TP0": 1.0, "TP1": 1.0}, 5.0)
+    obs = observe_ranks(TreeView(rank_cpu_s={"TP0": 2.0, "TP1": 1.0}), {"TP0": 1.0, "TP1": 1.0}, 5.0)
     assert obs.ok and obs.values["cpu_advancing"] == {"TP0": True, "TP1": False}
-    assert not observe_ranks(FakeTree(missing_ranks=["TP1"]), {}, 5.0).ok
+    assert not observe_ranks(TreeView(missing_ranks=("TP1",)), {}, 5.0).ok
 
 
 @pytest.mark.unit
@@ -371,7 +363,7 @@ async def test_chat_reads_are_bounded(fake: tuple[FakeServer, str]) -> None:
 
 @pytest.mark.unit
 async def test_monitor_schedules_canary_after_first_200(fake: tuple[FakeServer, str]) -> None:
-    """Health 200 starts the canary; startup becomes canary_ok; the snapshot is JSON-ready."""
+    """Health 200 starts the canary; the triage then opens the startup gate; the snapshot is JSON-ready."""
     server, url = fake
     settings = ProbeSettings(expected_tool_parser="kimi_k2", canary_timeout_s=5, health_timeout_s=5)
     monitor = Monitor(
@@ -380,19 +372,24 @@ async def test_monitor_schedules_canary_after_first_200(fake: tuple[FakeServer, 
         base_url=url,
         model="m",
         settings=settings,
-        tree=lambda: FakeTree(rank_cpu_s={"TP0": 1.0}),
+        tree=lambda: TreeView(rank_cpu_s={"TP0": 1.0}),
         gpu=None,
         log_lines=lambda: [],
         pids_for_stacks=dict,
     )
     loop = asyncio.get_running_loop()
+
+    def triaged(phase: str) -> Triage:
+        facts = ServerFacts("unified", phase, monitor.started_at, settings)
+        return triage(monitor.window(), TreeFacts(), facts, loop.time())
+
     try:
         deadline = loop.time() + 10
-        while loop.time() < deadline and not monitor.startup(loop.time()).canary_ok:
+        while loop.time() < deadline and not triaged("starting").serving:
             await monitor.tick(loop.time())
             await asyncio.sleep(0.02)
-        assert monitor.startup(loop.time()).canary_ok
-        assert monitor.diagnose(loop.time(), "serving") is None
+        assert triaged("starting").serving
+        assert triaged("serving").fault is None
         snap = json.loads(json.dumps(monitor.snapshot()))
         assert {"health", "canary_tool", "config_check", "progress", "ranks", "logs"} <= set(snap["probes"])
         assert server.requests.count("/health") == 1

@@ -13,16 +13,15 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from supervisor.config import SupervisorConfig
 from supervisor.records.incident import Incident
-
-if TYPE_CHECKING:
-    from supervisor.loop.runtime import ServerRuntime
 
 log = structlog.get_logger()
 SECRET_KEY = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE|AUTH", re.IGNORECASE)
@@ -91,8 +90,20 @@ def _safe(title: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", title)[:80] or "rank"
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What the loop hands to forensics: data, plus one reader for the GPUs (it may fail or be slow)."""
+
+    rank_pids: Mapping[int, str]  # pid -> process title, the ranks to dump
+    log_tail: Sequence[str]
+    probes: Mapping[str, Any]  # the monitor's last observation of each probe
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    gpus: Callable[[], Awaitable[list[dict[str, Any]]]]
+
+
 async def capture(
-    sup: SupervisorConfig, rt: ServerRuntime, incident: Incident, budget_s: float = BUDGET_S
+    sup: SupervisorConfig, evidence: Evidence, incident: Incident, budget_s: float = BUDGET_S
 ) -> str:
     """Write the bundle for an incident; returns its path ('' when nothing could be written)."""
     root = Path(sup.state_dir) / "forensics"
@@ -103,24 +114,25 @@ async def capture(
     except OSError as exc:
         log.error("forensics.failed", incident=incident.id, error=str(exc))
         return ""
-    ranks = rt.watcher._rank_pids()
+    ranks = dict(evidence.rank_pids)
     stacks = await asyncio.gather(*(dump_stack(pid, budget_s) for pid in ranks))
     files: list[str] = []
     for (pid, title), text in zip(ranks.items(), stacks, strict=True):
         name = f"stack-{_safe(title)}.txt"
         (bundle / name).write_text(f"# pid {pid} {title}\n{text}")
         files.append(name)
-    launched = rt.launched
-    (bundle / "log-tail.txt").write_text("\n".join(launched.tail(LOG_LINES) if launched else []) + "\n")
-    (bundle / "probes.json").write_text(json.dumps(rt.watcher.snapshot(), indent=1, default=str))
+    (bundle / "log-tail.txt").write_text("\n".join(list(evidence.log_tail)[-LOG_LINES:]) + "\n")
+    (bundle / "probes.json").write_text(json.dumps(dict(evidence.probes), indent=1, default=str))
     gpus: Any
     try:
-        gpus = await asyncio.to_thread(rt.watcher._gpu_dicts)
+        gpus = await asyncio.wait_for(evidence.gpus(), timeout=budget_s)
     except Exception as exc:  # a GPU backend failure is evidence too, never a reason to skip the kill
         gpus = {"error": str(exc)}
     (bundle / "gpus.json").write_text(json.dumps(gpus, indent=1, default=str))
     (bundle / "argv-env.json").write_text(
-        json.dumps({"argv": redact_argv(list(rt.argv)), "env": redact_env(dict(rt.cfg.env))}, indent=1)
+        json.dumps(
+            {"argv": redact_argv(list(evidence.argv)), "env": redact_env(dict(evidence.env))}, indent=1
+        )
     )
     files += ["log-tail.txt", "probes.json", "gpus.json", "argv-env.json"]
     summary = {

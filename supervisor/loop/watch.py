@@ -1,64 +1,42 @@
-"""Watching one launch: the process tree every tick, the probes' monitor, startup then serving.
+"""Watching one launch: every tick, observe (the tree, the probes), triage (policies), act (the loop).
 
-Returns an `Outcome` to the server's loop: a fault to recover from, or an operator command.
+Returns an `Outcome` to the server loop: a fault to recover from, or an operator command. Degrading, serving,
+serving unproven and faults seen while paused are acted on here, through the loop's one `transition`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from policies.model import (
+    CANARY_PROBES,
+    Observation,
+    ProbeSettings,
+    TreeView,
+    canary_values,
+    logs_values,
+    progress_values,
+)
 from policies.pd import Role
-from policies.signatures import scan
-from policies.states import FaultKind, ServerState
-from probes.base import Observation
-from probes.monitor import Monitor
-from probes.settings import ProbeSettings
+from policies.states import ServerState
+from policies.triage import ServerFacts, TreeFacts, promotion, triage
 from supervisor.host import proctree
+from supervisor.loop.commands import Command, Outcome
+from supervisor.loop.host import MonitorSpec, ProbeMonitor
 
 if TYPE_CHECKING:
-    from supervisor.loop.runtime import Command, ServerRuntime
+    from policies.diagnose import Fault
+    from supervisor.loop.server import ServerLoop
 
 S = ServerState
-# a server that answers /health but wedges on its first canary is not merely slow to start
-STARTUP_WEDGES = {
-    FaultKind.DECODE_WEDGE,
-    FaultKind.COLLECTIVE_HANG,
-    FaultKind.PD_TRANSFER_WEDGE,
-    FaultKind.GPU_FAULT,
-}
-LOG_SETTLE_S = 0.3
-CANARY_PROBES = {"canary_tool", "canary_reasoning", "canary_stream", "config_check"}
+LOG_SETTLE_S = 0.3  # after a loss, let the reader take the dying process's last lines
+TAIL_LINES = 300
 
 
-@dataclass
-class Outcome:
-    """Why watching ended."""
-
-    fault_kind: str = ""
-    reason: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
-    command: Command | None = None
-    restart: bool = True
-    confidence: float = 1.0
-
-
-@dataclass(frozen=True)
-class TreeView:
-    """The process tree as the probes see it."""
-
-    main_alive: bool
-    missing_ranks: list[str]
-    zombie_ranks: list[str]
-    rank_cpu_s: dict[str, float]
-
-
-def settings_for(rt: ServerRuntime) -> ProbeSettings:
-    """Probe settings from the server's config."""
-    p = rt.cfg.probes
-    expected = rt.cfg.expected_parsers()
+def probe_settings(loop: ServerLoop) -> ProbeSettings:
+    """Probe settings from the server's current config."""
+    p = loop.cfg.probes
+    expected = loop.cfg.expected_parsers()
     return ProbeSettings(
         health_period_s=p.health_period_s,
         health_timeout_s=p.health_timeout_s,
@@ -69,69 +47,63 @@ def settings_for(rt: ServerRuntime) -> ProbeSettings:
         stream_canary_period_s=p.stream_canary_period_s,
         stall_after_s=p.stall_after_s,
         metrics_period_s=p.metrics_period_s,
-        startup_budget_s=rt.cfg.startup_budget_s,
-        startup_silence_s=rt.cfg.startup_silence_s,
+        startup_budget_s=loop.cfg.startup_budget_s,
+        startup_silence_s=loop.cfg.startup_silence_s,
         expected_tool_parser=expected[0] if expected else None,
         expected_reasoning_parser=expected[1] if expected else None,
+        canary_mode=p.canary_mode,
+        canary_inconclusive_limit=p.canary_inconclusive_limit,
     )
 
 
-class Watcher:
-    """Tree polling and probe scheduling for the current launch of a server."""
+def model_name(argv: tuple[str, ...], fallback: str | None) -> str:
+    """The model name requests must carry: the last `--served-model-name`, else `--model-path`."""
+    found: str | None = None
+    for i, a in enumerate(argv):
+        if a == "--served-model-name" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif a.startswith("--served-model-name="):
+            found = a.split("=", 1)[1]
+    return found or fallback or "default"
 
-    def __init__(self, rt: ServerRuntime) -> None:
-        self.rt = rt
+
+class Watch:
+    """Tree polling, the probes' monitor and the triage of each tick, for the current launch."""
+
+    def __init__(self, loop: ServerLoop) -> None:
+        self.loop = loop
         self.tree: proctree.TreeSnapshot | None = None
         self.cursor = 0
-        self.monitor: Monitor | None = None
-        self.alerted_degraded = False
-        self.paused_fault: str = ""
-        self.paused_outcome: Outcome | None = None
+        self.monitor: ProbeMonitor | None = None
         self.seen_ranks: set[str] = set()
+        self.degraded_alerted = False
+        self.paused_fault = ""
+        self.held: Outcome | None = None  # a fault seen while paused, acted on at resume
+        self.waiting_for = ""
 
-    def base_url(self) -> str:
-        """Where the server listens (loopback when it binds all interfaces)."""
-        host = "127.0.0.1"
-        return f"http://{host}:{self.rt.cfg.http_port}"
-
-    def model_name(self) -> str:
-        """The model name requests must carry: `--served-model-name`, else `--model-path`."""
-        args = list(self.rt.argv)
-        for i, a in enumerate(args):
-            if a == "--served-model-name" and i + 1 < len(args):
-                return args[i + 1]
-            if a.startswith("--served-model-name="):
-                return a.split("=", 1)[1]
-        return self.rt.cfg.model_path or "default"
-
-    def _titles(self) -> list[str]:
-        if self.rt.cfg.role.value == "router":
-            return []
-        return proctree.expected_rank_titles(self.rt.cfg.tp_size, self.rt.cfg.dp_size, self.rt.cfg.pp_size)
-
-    def _tree_view(self) -> TreeView:
+    # ---- what the host shows, for the monitor's readers
+    def tree_view(self) -> TreeView:
+        """The tree as the ranks probe reads it."""
         snap = self.tree
         if snap is None:
-            return TreeView(True, [], [], {})
+            return TreeView()
         return TreeView(
             snap.main_alive,
-            [r.title for r in snap.ranks if r.status == "missing"],
-            [r.title for r in snap.ranks if r.status == "zombie"],
+            tuple(r.title for r in snap.ranks if r.status == "missing"),
+            tuple(r.title for r in snap.ranks if r.status == "zombie"),
             {r.title: r.cpu_time_s for r in snap.ranks if r.cpu_time_s is not None},
         )
 
-    def _gpu_dicts(self) -> list[dict[str, Any]]:
-        samples = self.rt.ctx.gpu_backend.snapshot(list(self.rt.cfg.gpus))
-        return [s.to_json() for s in samples]
-
-    def _new_lines(self) -> list[str]:
-        launched = self.rt.launched
-        if launched is None:
+    def new_lines(self) -> list[str]:
+        """Output lines of this run not read yet."""
+        run = self.loop.run
+        if run is None:
             return []
-        lines, self.cursor = launched.lines_since(self.cursor)
+        lines, self.cursor = run.lines_since(self.cursor)
         return lines
 
-    def _rank_pids(self) -> dict[int, str]:
+    def rank_pids(self) -> dict[int, str]:
+        """The running ranks: pid → title (stacks and forensics dump these)."""
         snap = self.tree
         if snap is None:
             return {}
@@ -141,183 +113,198 @@ class Watcher:
         """Descendants seen alive in the last snapshot (the reaper checks them too)."""
         return list(self.tree.descendants) if self.tree else []
 
-    def _new_monitor(self) -> Monitor:
-        ctx = self.rt.ctx
-        return Monitor(
-            server=self.rt.name,
-            role=self.rt.cfg.role.value,
-            base_url=self.base_url(),
-            model=self.model_name(),
-            settings=settings_for(self.rt),
-            tree=self._tree_view,
-            gpu=self._gpu_dicts if ctx.config.supervisor.gpu_backend != "none" else None,
-            log_lines=self._new_lines,
-            pids_for_stacks=self._rank_pids,
-            router_url=ctx.router_url_for(self.rt),
+    def titles(self) -> list[str]:
+        """The rank titles this server's tree must show."""
+        cfg = self.loop.cfg
+        if cfg.role is Role.ROUTER:
+            return []
+        return proctree.expected_rank_titles(cfg.tp_size, cfg.dp_size, cfg.pp_size)
+
+    def _canary_url(self, base: str) -> str:
+        """A decode's canary goes through the router when there is one."""
+        if self.loop.cfg.role is not Role.DECODE:
+            return base
+        for cfg in self.loop.svc.config.servers:
+            if cfg.role is Role.ROUTER:
+                return f"http://127.0.0.1:{cfg.http_port}"
+        return base
+
+    def _new_monitor(self) -> ProbeMonitor:
+        loop = self.loop
+        base = f"http://127.0.0.1:{loop.port}"
+        spec = MonitorSpec(
+            server=loop.name,
+            role=loop.cfg.role.value,
+            base_url=base,
+            canary_url=self._canary_url(base),
+            model=model_name(loop.argv, loop.cfg.model_path),
+            settings=probe_settings(loop),
+            tree=self.tree_view,
+            gpu=loop.svc.host.gpu_reader(loop.cfg.gpus),
+            log_lines=self.new_lines,
+            pids_for_stacks=self.rank_pids,
         )
+        return loop.svc.host.monitor(spec)
 
-    def _record(self, observations: list[Observation]) -> None:
-        metrics = self.rt.ctx.metrics
-        for obs in observations:
-            result = "ok" if obs.ok else ("timeout" if "timeout" in obs.detail.lower() else "fail")
-            metrics.probe(self.rt.name, obs.probe, result, obs.latency_s or 0.0)
-            verdict = obs.values.get("verdict") if obs.probe in CANARY_PROBES else None
-            if isinstance(verdict, str) and verdict in ("pass", "fail", "inconclusive"):
-                metrics.canary(self.rt.name, obs.probe, verdict)
+    def reconfigure(self) -> None:
+        """Probe settings of a reloaded config reach the probes at once."""
+        if self.monitor is not None:
+            self.monitor.reconfigure(probe_settings(self.loop))
 
-    async def watch(self) -> Outcome:
-        """Watch until a fault or a command; startup ends only when /health is 200 and the canary passes."""
-        rt = self.rt
-        if self.monitor is None:
-            self.monitor = self._new_monitor()
-        monitor = self.monitor
-        self.tree, self.cursor, self.alerted_degraded, self.paused_fault = None, 0, False, ""
-        self.seen_ranks, self.paused_outcome = set(), None
-        monitor.reset(time.monotonic())
-        launched = rt.launched
-        assert launched is not None
-        tick = rt.ctx.config.supervisor.tick_s
+    # ---- the watch
+    async def run(self) -> Outcome:
+        """Watch until a fault or a command; startup ends only when the triage says the gate is open."""
+        loop = self.loop
+        clock = loop.clock
+        if self.monitor is not None:
+            await self.monitor.aclose()
+        self.monitor = self._new_monitor()  # per launch: this launch's port, model and settings
+        self.tree, self.cursor, self.degraded_alerted, self.paused_fault = None, 0, False, ""
+        self.seen_ranks, self.held, self.waiting_for = set(), None, ""
+        self.monitor.reset(clock.monotonic())
+        run = loop.run
+        assert run is not None
         while True:
-            while not rt.commands.empty():
-                cmd = rt.commands.get_nowait()
-                kind = rt.handle_command(cmd)
+            loop.beat()
+            while (cmd := loop.next_command()) is not None:
+                kind = loop.handle_command(cmd)
                 if kind in ("restart", "stop"):
                     return Outcome(command=cmd if kind == "restart" else None)
-            if self.paused_outcome is not None and not rt.paused:
-                held, self.paused_outcome = self.paused_outcome, None
+            if self.held is not None and not loop.paused:
+                held, self.held = self.held, None
                 return held  # resumed: act on the fault seen while paused
-            now = time.monotonic()
-            self.tree, events = await asyncio.to_thread(
-                proctree.poll_tree, self.tree, launched.pid, rt.run_id, self._titles()
-            )
-            self._record(await monitor.tick(now))
-            if self._lost(events):
-                await asyncio.sleep(LOG_SETTLE_S)  # let the reader take the dying process's last lines
-            outcome = self._tree_fault(events, monitor, now) or self._probe_fault(monitor, now)
-            if outcome is not None and outcome.command is not None:
-                return outcome
+            outcome = await self.tick(run)
             if outcome is not None:
-                if rt.paused:
-                    self._observe_paused(outcome)
-                elif not outcome.restart:
-                    self._degrade(outcome)
-                else:
-                    return outcome
-            await asyncio.sleep(tick)
+                return outcome
+            await clock.sleep(loop.svc.config.supervisor.tick_s)
 
-    def _lost(self, events: list[proctree.TreeEvent]) -> list[proctree.TreeEvent]:
+    async def tick(self, run: Any) -> Outcome | None:
+        """One observe → triage → act step."""
+        loop = self.loop
+        assert self.monitor is not None
+        now = loop.clock.monotonic()
+        self.tree, events = await loop.svc.host.poll_tree(self.tree, run.pid, loop.run_id, self.titles())
+        self._record(await self.monitor.tick(now))
+        losses = self._losses(events)
+        if losses:
+            await loop.clock.sleep(LOG_SETTLE_S)
+        facts = ServerFacts(
+            role=loop.cfg.role.value,
+            phase=loop.state.value if loop.state in (S.STARTING, S.SERVING, S.DEGRADED) else "serving",
+            started_at=loop.started_at,
+            settings=probe_settings(loop),
+        )
+        tree = TreeFacts(
+            tuple(losses), run.returncode() if losses else None, tuple(run.tail(TAIL_LINES) if losses else ())
+        )
+        window = self.monitor.window()
+        result = triage(window, tree, facts, now)
+        if result.fault is not None:
+            return self._act_on_fault(result.fault)
+        if result.serving and loop.state is S.STARTING:
+            loop.became_serving(result.unproven)
+        elif loop.state is S.STARTING and result.waiting_for != self.waiting_for:
+            self.waiting_for = result.waiting_for
+            loop.transition(S.STARTING, f"waiting for {result.waiting_for}")
+        if loop.state in (S.SERVING, S.DEGRADED) and loop.unproven and self._canary_passed(window):
+            loop.set_unproven("")
+        if loop.state is S.SERVING and not loop.paused:
+            return self._promotion(window, now)
+        return None
+
+    def _act_on_fault(self, fault: Fault) -> Outcome | None:
+        loop = self.loop
+        if loop.paused:
+            self._observe_paused(fault)
+            return None
+        if not fault.restart:
+            self._degrade(fault)
+            return None
+        return Outcome(fault=fault)
+
+    def _canary_passed(self, window: list[Observation]) -> bool:
+        tools = [o for o in window if o.probe == "canary_tool"]
+        return bool(tools) and canary_values(max(tools, key=lambda o: o.at)).get("verdict") == "pass"
+
+    def _promotion(self, window: list[Observation], now: float) -> Outcome | None:
+        loop = self.loop
+        progress = [o for o in window if o.probe == "progress"]
+        work = progress_values(max(progress, key=lambda o: o.at)).get("work", True) if progress else True
+        policy = loop.cfg.policy
+        due = promotion(
+            loop.record.levels,
+            loop.serving_since,
+            now,
+            quiet=not work,
+            enabled=policy.promote_back,
+            after_s=policy.promote_after_s,
+        )
+        return None if due is None else Outcome(command=Command("promote", due.reason, "supervisor"))
+
+    def _losses(self, events: list[proctree.TreeEvent]) -> list[str]:
         """Events that are real losses: a rank counts only once it had appeared (ranks spawn during a load)."""
         if self.tree is not None:
             self.seen_ranks |= {r.title for r in self.tree.ranks if r.status == "running"}
-        return [e for e in events if e.kind != "rank_lost" or e.title in self.seen_ranks]
+        kept = [e for e in events if e.kind != "rank_lost" or e.title in self.seen_ranks]
+        return [f"{e.kind} {e.title or e.pid}" for e in kept]
 
-    def _tree_fault(self, events: list[proctree.TreeEvent], monitor: Monitor, now: float) -> Outcome | None:
-        events = self._lost(events)
-        if not events:
-            return None
-        launched = self.rt.launched
-        code = launched.returncode() if launched else None
-        evidence: dict[str, Any] = {
-            "probe": "ranks",
-            "events": [{"kind": e.kind, "pid": e.pid, "title": e.title} for e in events],
-            "exit_code": code,
-            "log_tail": launched.tail(20) if launched else [],
-        }
-        starting = self.rt.state is S.STARTING
-        # the dying process's last lines say why (OOM, Xid, IMA) before the probes' log watch reads them
-        fatal = [h for h in scan(launched.tail(300) if launched else []) if h.signature.fatal]
-        tags = sorted({h.signature.tag for h in fatal if h.signature.tag})
-        for kind in (FaultKind.GPU_FAULT, FaultKind.OOM):
-            lines = [h.line for h in fatal if h.signature.kind == kind][-3:]
-            if lines:
-                why = f"{kind.value} in the log: {lines[-1][:200]}"
-                return Outcome(kind.value, why, {**evidence, "log_hits": lines, "tags": tags})
-        diagnosed = monitor.diagnose(now, "starting" if starting else "serving")
-        if diagnosed is not None and diagnosed.kind in (FaultKind.GPU_FAULT, FaultKind.COLLECTIVE_HANG):
-            return Outcome(diagnosed.kind, diagnosed.reason, {**evidence, **dict(diagnosed.evidence)})
-        if tags:
-            evidence["tags"] = tags
-        what = "; ".join(f"{e.kind} {e.title or e.pid}" for e in events)
-        kind = FaultKind.STARTUP_FAILURE if starting else FaultKind.CRASH
-        return Outcome(kind.value, f"{what} (exit code {code})", evidence)
+    def _record(self, observations: list[Observation]) -> None:
+        metrics = self.loop.svc.metrics
+        for obs in observations:
+            result = "ok" if obs.ok else ("timeout" if "timeout" in obs.detail.lower() else "fail")
+            metrics.probe(self.loop.name, obs.probe, result, obs.latency_s or 0.0)
+            verdict = canary_values(obs).get("verdict") if obs.probe in CANARY_PROBES else None
+            if verdict in ("pass", "fail", "inconclusive"):
+                metrics.canary(self.loop.name, obs.probe, str(verdict))
 
-    def _probe_fault(self, monitor: Monitor, now: float) -> Outcome | None:
-        rt = self.rt
-        if rt.cfg.role is Role.ROUTER:
-            return self._router_fault(monitor, now)
-        if rt.state is S.STARTING:
-            view = monitor.startup(now)
-            if view.failed:
-                fault = monitor.diagnose(now, "starting")
-                if fault is not None and fault.kind == FaultKind.PARSER_MISCONFIG:
-                    return Outcome(fault.kind, fault.reason, dict(fault.evidence))
-                return Outcome(
-                    FaultKind.PARSER_MISCONFIG.value,
-                    "the parser canary failed",
-                    {"probes": monitor.snapshot()},
-                )
-            if view.stalled or view.over_budget:
-                why = "startup budget exceeded" if view.over_budget else "logs silent during startup"
-                return Outcome(
-                    FaultKind.STARTUP_STALLED.value, why, {"probe": "logs", "progress": view.progress}
-                )
-            if view.health_ok and view.canary_ok:
-                rt.ctx.became_serving(rt)
-                return None
-            fault = monitor.diagnose(now, "starting")
-            if fault is not None and fault.kind in STARTUP_WEDGES:
-                return Outcome(fault.kind, fault.reason, dict(fault.evidence), confidence=fault.confidence)
-            return None
-        fault = monitor.diagnose(now, rt.state.value if rt.state in (S.SERVING, S.DEGRADED) else "serving")
-        if fault is None:
-            if rt.state is S.SERVING and not rt.paused:
-                progress = monitor.snapshot().get("probes", {}).get("progress", {})
-                promote = rt.promotion_due(now, quiet=not progress.get("values", {}).get("work", True))
-                if promote is not None:
-                    return Outcome(command=promote)
-            return None
-        return Outcome(
-            fault.kind, fault.reason, dict(fault.evidence), restart=fault.restart, confidence=fault.confidence
+    def _degrade(self, fault: Fault) -> None:
+        if self.degraded_alerted:
+            return
+        self.degraded_alerted = True
+        loop = self.loop
+        loop.transition(S.DEGRADED, f"{fault.kind}: {fault.reason}")
+        loop.svc.incidents.notice(
+            loop.name,
+            loop.clock.wall(),
+            fault.kind,
+            "alert",
+            f"{fault.reason} → degraded, no restart",
+            dict(fault.evidence),
+            loop.argv,
+            loop.rung,
         )
 
-    def _router_fault(self, monitor: Monitor, now: float) -> Outcome | None:
-        """The router is judged on its own liveness only: wedges behind it belong to the decode or prefill."""
-        rt = self.rt
-        if rt.state is S.STARTING:
-            if monitor.startup(now).health_ok:
-                rt.ctx.became_serving(rt)
-            return None
-        fault = monitor.diagnose(now, "serving")
-        if fault is not None and fault.kind == FaultKind.HEALTH_UNRESPONSIVE:
-            return Outcome(fault.kind, fault.reason, dict(fault.evidence), confidence=fault.confidence)
-        return None
-
-    def _degrade(self, outcome: Outcome) -> None:
-        if self.alerted_degraded:
+    def _observe_paused(self, fault: Fault) -> None:
+        if self.paused_fault == fault.kind:
             return
-        self.alerted_degraded = True
-        self.rt.transition(S.DEGRADED, f"{outcome.fault_kind}: {outcome.reason}")
-        self.rt.ctx.degraded_incident(self.rt, outcome)
+        self.paused_fault = fault.kind
+        loop = self.loop
+        if fault.restart:
+            self.held = Outcome(fault=fault)
+        loop.log.warning("fault.observed_paused", fault=fault.kind, reason=fault.reason)
+        loop.svc.incidents.notice(
+            loop.name,
+            loop.clock.wall(),
+            fault.kind,
+            "observed (paused)",
+            fault.reason,
+            dict(fault.evidence),
+            loop.argv,
+            loop.rung,
+        )
 
-    def _observe_paused(self, outcome: Outcome) -> None:
-        if self.paused_fault == outcome.fault_kind:
-            return
-        self.paused_fault = outcome.fault_kind
-        if outcome.restart:
-            self.paused_outcome = outcome
-        self.rt.log.warning("fault.observed_paused", fault=outcome.fault_kind, reason=outcome.reason)
-        self.rt.ctx.paused_incident(self.rt, outcome)
-
+    # ---- views
     def snapshot(self) -> dict[str, Any]:
         """Last probe values for `/status`."""
         return self.monitor.snapshot() if self.monitor else {}
 
     def startup_view(self) -> dict[str, Any] | None:
-        """Startup progress for `/status` while starting."""
-        if self.monitor is None or self.rt.state is not S.STARTING:
+        """What startup waits for and its last progress line, for `/status` while starting."""
+        if self.loop.state is not S.STARTING:
             return None
-        view = self.monitor.startup(time.monotonic())
-        return {"progress": view.progress, "health_ok": view.health_ok, "canary_ok": view.canary_ok}
+        logs = [o for o in self.monitor.window() if o.probe == "logs"] if self.monitor else []
+        line = logs_values(max(logs, key=lambda o: o.at)).get("progress_line") if logs else None
+        return {"waiting_for": self.waiting_for or "the launch", "progress": line}
 
     async def aclose(self) -> None:
         """Close the monitor's sessions."""

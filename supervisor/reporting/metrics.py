@@ -100,6 +100,19 @@ class SupervisorMetrics:
             ["server", "canary", "verdict"],
             registry=reg,
         )
+        self._startup = Histogram(
+            _PREFIX + "startup_duration_seconds",
+            "Time from a launch until the server serves (health 200 and the canary gate open).",
+            ["server"],
+            buckets=_SERVING_BUCKETS,
+            registry=reg,
+        )
+        self._unproven = Gauge(
+            _PREFIX + "canary_unproven",
+            "1 while a server serves without a passing canary (inconclusive canaries with /health 200).",
+            ["server"],
+            registry=reg,
+        )
         self._rung = Gauge(
             _PREFIX + "fallback_rung",
             "Current fallback-ladder rung of each server (0 = the configured flags).",
@@ -142,6 +155,7 @@ class SupervisorMetrics:
             self._restarts.labels(server=server, fault=fault)
             self._incidents.labels(server=server, fault=fault)
         self._rung.labels(server=server).set(0)
+        self._unproven.labels(server=server).set(0)
 
     def declare_sink(self, sink: str) -> None:
         """Create the delivery counters of an alert sink at 0."""
@@ -172,6 +186,15 @@ class SupervisorMetrics:
     def observe_time_to_serving(self, server: str, seconds: float) -> None:
         """Record how long `server` took to serve again after an incident."""
         self._to_serving.labels(server=server).observe(seconds)
+
+    def observe_startup(self, server: str, seconds: float) -> None:
+        """Record how long one launch of `server` took to serve."""
+        self._startup.labels(server=server).observe(seconds)
+
+    def set_unproven(self, server: str, unproven: bool) -> None:
+        """Publish whether `server` serves without a passing canary."""
+        self._declare_server(server)
+        self._unproven.labels(server=server).set(1 if unproven else 0)
 
     def probe(self, server: str, probe: str, result: str, duration_s: float) -> None:
         """Record one probe run: its result and duration."""

@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import hmac
 import json
-import os
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
 
+from supervisor.config import HttpConfig
 from supervisor.reporting.metrics import CONTENT_TYPE
-
-if TYPE_CHECKING:
-    from supervisor.daemon import Daemon
 
 log = structlog.get_logger()
 MAX_CONTROL_BODY = 16 * 1024
@@ -37,13 +33,40 @@ def read_token(path: Path | None) -> str | None:
     return token or None
 
 
+class StatusSource(Protocol):
+    """What the status server reads and asks of the daemon — nothing more."""
+
+    def status_document(self) -> dict[str, Any]:
+        """The `/status` JSON document."""
+        ...
+
+    def incidents_page(self, offset: int, limit: int) -> list[dict[str, Any]]:
+        """A page of the incident journal, newest first."""
+        ...
+
+    def metrics_text(self) -> bytes:
+        """The Prometheus exposition."""
+        ...
+
+    def loop_health(self) -> tuple[bool, float]:
+        """(every server loop fresh, seconds since the stalest one beat)."""
+        ...
+
+    def token_file(self) -> Path | None:
+        """The control token's file, as configured now."""
+        ...
+
+    async def control(self, kind: str, server: str | None, reason: str, actor: str) -> dict[str, str]:
+        """Queue an operator command; KeyError for an unknown server."""
+        ...
+
+
 class StatusServer:
     """aiohttp app serving the daemon's status."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, source: StatusSource, http: HttpConfig) -> None:
+        self.source = source
         self.runner: web.AppRunner | None = None
-        http = daemon.config.supervisor.http
         self.host, self.port = http.host, http.port
         self.url = f"http://{self.host}:{self.port}"
 
@@ -74,27 +97,14 @@ class StatusServer:
             await self.runner.cleanup()
 
     async def healthz(self, request: web.Request) -> web.Response:
-        """200 while the daemon's loop ticks; 503 when it is stale."""
-        age = time.monotonic() - self.daemon.last_tick
-        limit = max(3 * self.daemon.config.supervisor.tick_s, 5.0)
-        ok = age < limit
+        """200 while every server loop beats (or is inside a bounded step); 503 when one is stale."""
+        ok, age = self.source.loop_health()
         return web.json_response({"ok": ok, "loop_age_s": round(age, 3)}, status=200 if ok else 503)
-
-    def status_body(self) -> dict[str, Any]:
-        """The `/status` document."""
-        d = self.daemon
-        return {
-            "state": d.state.value,
-            "status_line": d.status_line(),
-            "pid": os.getpid(),
-            "started_at": d.started,
-            "servers": [rt.status() for rt in d.runtimes],
-            "incidents": [i.to_json() for i in list(d.ctx.incidents)[-20:]][::-1],
-        }
 
     async def status(self, request: web.Request) -> web.Response:
         """Daemon and server state, recent incidents."""
-        return web.Response(text=json.dumps(self.status_body(), default=str), content_type="application/json")
+        body = json.dumps(self.source.status_document(), default=str)
+        return web.Response(text=body, content_type="application/json")
 
     async def incidents(self, request: web.Request) -> web.Response:
         """The incident journal, newest first, paged with `offset` and `limit` (≤ 500)."""
@@ -103,21 +113,19 @@ class StatusServer:
             limit = min(500, max(1, int(request.query.get("limit", "50"))))
         except ValueError:
             return web.json_response({"error": "offset and limit must be integers"}, status=400)
-        page = self.daemon.ctx.journal.page(offset, limit)
+        page = self.source.incidents_page(offset, limit)
         return web.Response(
-            text=json.dumps(
-                {"offset": offset, "limit": limit, "incidents": [i.to_json() for i in page]}, default=str
-            ),
+            text=json.dumps({"offset": offset, "limit": limit, "incidents": page}, default=str),
             content_type="application/json",
         )
 
     async def metrics(self, request: web.Request) -> web.Response:
         """Prometheus text exposition."""
-        return web.Response(body=self.daemon.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=self.source.metrics_text(), headers={"Content-Type": CONTENT_TYPE})
 
     async def control(self, request: web.Request) -> web.Response:
         """restart / pause / resume, for one server (`server`) or all; `reason` and `actor` go to the journal."""
-        token = read_token(self.daemon.config.supervisor.http.token_file)
+        token = read_token(self.source.token_file())
         if token is None:
             return web.json_response(
                 {
@@ -142,7 +150,7 @@ class StatusServer:
         reason = str(body.get("reason") or "")[:500]
         actor = str(body.get("actor") or request.headers.get("X-Actor") or "operator")[:100]
         try:
-            result = await self.daemon.control(action, str(server) if server else None, reason, actor)
+            result = await self.source.control(action, str(server) if server else None, reason, actor)
         except KeyError:
             return web.json_response({"error": f"unknown server {server!r}"}, status=404)
         return web.json_response({"action": action, "servers": result})

@@ -158,7 +158,7 @@ def _port_pair() -> int:
 async def _main(scenario: str, drill: Drill, root: Path, timeout_s: float, say: Narrator) -> int:
     config = drill_config(root, drill)
     daemon = Daemon(config)
-    name = daemon.runtimes[0].name
+    name = daemon.loops[0].name
     _hook_transitions(daemon, say)
     sim_url = f"http://127.0.0.1:{config.servers[0].http_port}"
     say.say(f"drill {scenario}: {CATALOG[scenario][1]}")
@@ -198,23 +198,23 @@ async def _main(scenario: str, drill: Drill, root: Path, timeout_s: float, say: 
 
 def _hook_transitions(daemon: Daemon, say: Narrator) -> None:
     """Narrate every state change as it happens (the daemon calls `on_state_change` after each)."""
-    last = {rt.name: rt.state.value for rt in daemon.runtimes}
-    notify: Callable[[], None] = daemon.ctx.on_state_change
+    last = {loop.name: loop.state.value for loop in daemon.loops}
+    notify: Callable[[], None] = daemon.svc.on_state_change
 
     def changed() -> None:
-        for rt in daemon.runtimes:
-            if rt.state.value != last[rt.name]:
-                say.say(f"{rt.name}: {last[rt.name]} → {rt.state.value} ({rt.reason})")
-                last[rt.name] = rt.state.value
+        for loop in daemon.loops:
+            if loop.state.value != last[loop.name]:
+                say.say(f"{loop.name}: {last[loop.name]} → {loop.state.value} ({loop.reason})")
+                last[loop.name] = loop.state.value
         notify()
 
-    daemon.ctx.on_state_change = changed
+    daemon.svc.on_state_change = changed
 
 
 async def _script(
     scenario: str, drill: Drill, daemon: Daemon, sim_url: str, http: aiohttp.ClientSession, say: Narrator
 ) -> int:
-    name = daemon.runtimes[0].name
+    name = daemon.loops[0].name
     status_url = f"{daemon.status.url}/status"
     await _until(lambda s: s.get("state") == "serving", http, status_url, name)
     injected = time.time()

@@ -1,0 +1,224 @@
+"""The data both sides of the loop share: observations, the typed values of each probe, probe settings, the tree.
+
+`probes/` produces these, `policies/` decides on them, `supervisor/` carries them; nothing here does I/O, so
+`policies/` imports this module and never `probes` or `supervisor`.
+
+Each probe's `values` is a TypedDict: the probe builds it under that type and the policies read it through the
+accessor of that probe, so a renamed key breaks the type check, not production.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypedDict, cast
+
+PROBES = (
+    "health",
+    "canary_tool",
+    "canary_reasoning",
+    "canary_stream",
+    "config_check",
+    "progress",
+    "ranks",
+    "logs",
+    "gpu",
+    "stacks",
+)
+CANARY_PROBES = frozenset({"canary_tool", "canary_reasoning", "canary_stream", "config_check"})
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A timestamped fact from one probe; a probe that times out or errors gives ok=False, never raises."""
+
+    probe: str  # one of PROBES
+    at: float  # monotonic time the observation completed
+    ok: bool
+    detail: str  # one line for humans
+    latency_s: float | None = None
+    values: Mapping[str, Any] = field(default_factory=dict)  # the probe's TypedDict below, JSON-ready
+
+
+class HealthValues(TypedDict, total=False):
+    """`health`: the status code of `/health` (None when no answer), refused while the port is closed."""
+
+    status: int | None
+    refused: bool
+    timeout: bool
+
+
+class ProgressValues(TypedDict, total=False):
+    """`progress`: the lease on SGLang's token counters (probes/progress.py)."""
+
+    scrape_ok: bool
+    work: bool
+    work_reasons: list[str]
+    stalled_s: float
+    last_progress_at: float | None
+    moved: list[str]
+    running: float | None
+    active_gen: float | None
+    canary_outstanding: bool
+    pd_queue: float | None
+    pd_stalled_s: float
+    counters: dict[str, float]
+
+
+class LogHit(TypedDict, total=False):
+    """One log-signature match."""
+
+    name: str
+    kind: str
+    tag: str
+    line: str
+
+
+class LogsValues(TypedDict, total=False):
+    """`logs`: signature hits and startup progress lines of the server's output."""
+
+    hits: list[LogHit]
+    dropped_hits: int
+    lines: int
+    prefill_batches: int
+    decode_batches: int
+    last_line_at: float | None
+    last_progress_at: float | None
+    progress_line: str | None
+    ready: bool
+
+
+class XidEvent(TypedDict, total=False):
+    """A GPU Xid event."""
+
+    index: int
+    xid: int
+    at: float
+
+
+class GpuValues(TypedDict, total=False):
+    """`gpu`: per-GPU summary, GPUs spinning (high utilisation, idle power), busy, Xid events."""
+
+    gpus: list[dict[str, Any]]
+    spin: list[int]
+    busy: list[int]  # GPUs computing for real (high utilisation and power)
+    xids: list[XidEvent]
+
+
+class RanksValues(TypedDict, total=False):
+    """`ranks`: the process tree — main process, missing and zombie ranks, CPU time per rank."""
+
+    main_alive: bool
+    missing: list[str]
+    zombie: list[str]
+    cpu_s: dict[str, float]
+    cpu_advancing: dict[str, bool]
+
+
+class StacksValues(TypedDict, total=False):
+    """`stacks`: py-spy frames per rank and the collective they are blocked in."""
+
+    ranks: dict[str, dict[str, Any]]
+    diverging: bool
+    all_in: str | None
+    collectives: list[str]
+    error: str
+
+
+class CanaryValues(TypedDict, total=False):
+    """`canary_tool`, `canary_reasoning`, `config_check`, `canary_stream`: a verdict and why."""
+
+    verdict: str  # pass | fail | inconclusive
+    reason: str
+    leaks: list[str]
+    cities: list[str]
+    soft_fail: bool
+    concurrency: int
+    passed: int
+    failed: dict[str, str]
+    single_ok: bool | None
+    fail_rate: float
+
+
+def health_values(obs: Observation) -> HealthValues:
+    """The values of a `health` observation."""
+    return cast(HealthValues, obs.values)
+
+
+def progress_values(obs: Observation) -> ProgressValues:
+    """The values of a `progress` observation."""
+    return cast(ProgressValues, obs.values)
+
+
+def logs_values(obs: Observation) -> LogsValues:
+    """The values of a `logs` observation."""
+    return cast(LogsValues, obs.values)
+
+
+def gpu_values(obs: Observation) -> GpuValues:
+    """The values of a `gpu` observation."""
+    return cast(GpuValues, obs.values)
+
+
+def ranks_values(obs: Observation) -> RanksValues:
+    """The values of a `ranks` observation."""
+    return cast(RanksValues, obs.values)
+
+
+def stacks_values(obs: Observation) -> StacksValues:
+    """The values of a `stacks` observation."""
+    return cast(StacksValues, obs.values)
+
+
+def canary_values(obs: Observation) -> CanaryValues:
+    """The values of a canary or config-check observation."""
+    return cast(CanaryValues, obs.values)
+
+
+@dataclass(frozen=True)
+class TreeView:
+    """The supervised process tree as the probes see it this tick."""
+
+    main_alive: bool = True
+    missing_ranks: tuple[str, ...] = ()
+    zombie_ranks: tuple[str, ...] = ()
+    rank_cpu_s: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How often each probe runs, how long it may take, and when silence becomes a fault.
+
+    The defaults are the documented product defaults (docs/config.md). A period of 0 switches that probe off
+    where the reference says so (`stream_canary_period_s`).
+    """
+
+    health_period_s: float = 10.0
+    health_timeout_s: float = 35.0  # above SGLang's 20 s SGLANG_HEALTH_CHECK_TIMEOUT (P3/P4)
+    health_failures: int = 3
+    canary_period_s: float = 300.0
+    canary_timeout_s: float = 60.0
+    canary_max_tokens: int = 256
+    stream_canary_concurrency: int = 32
+    stream_canary_period_s: float = 1800.0
+    stall_after_s: float = 20.0
+    metrics_period_s: float = 5.0
+    metrics_max_bytes: int = 4 * 1024 * 1024
+    stacks_budget_s: float = 10.0
+    startup_budget_s: float = 1800.0
+    startup_silence_s: float = 300.0
+    expected_tool_parser: str | None = None  # None = skip the config check for it
+    expected_reasoning_parser: str | None = None  # None = no reasoning canary, no config check for it
+    unresponsive_after_s: float = 120.0  # 503/timeouts with no progress this long -> health_unresponsive
+    canary_mode: str = "require"  # require | advisory | off (docs/config.md, "Canary gating")
+    canary_inconclusive_limit: int = 3  # inconclusive canaries with /health 200 before serving unproven
+
+    @property
+    def canaries_on(self) -> bool:
+        """Whether the tool/reasoning canaries run at all."""
+        return self.canary_mode != "off"
+
+    @property
+    def stream_canary_on(self) -> bool:
+        """Whether the load canary runs (`stream_canary_period_s = 0` is off, and so is `canary_mode = off`)."""
+        return self.canaries_on and self.stream_canary_period_s > 0

@@ -1,0 +1,275 @@
+"""The one pure triage step of the server loop: what this tick shows, and what to do about it.
+
+`triage(window, tree, facts, now)` takes the probes' window, what the process tree showed this tick and where
+the server stands (phase, role, this launch), and returns at most one fault, or that startup is proven, or
+what startup still waits for. `plan(fault, facts, now)` turns a fault into the recovery plan with its reason.
+Phase and role rules live here, once:
+
+- **Tree losses** (main process gone, a rank that had appeared gone or a zombie) are a `crash` — or a
+  `startup_failure` while starting if `/health` never answered 200 in this launch. The dying tree's last log
+  lines name a more specific kind first (`gpu_fault`, `oom`), and a collective hang or GPU fault the probes saw
+  before the death wins over the death it caused.
+- **The router** is judged on its own liveness only (`health_unresponsive`): wedges behind it belong to the
+  decode or prefill.
+- **Starting**: only `parser_misconfig`, `startup_stalled` and the wedges (`STARTUP_WEDGES`) count; 503 and a
+  closed port are normal. Startup ends (`serving`) when `/health` is 200 and the canary gate opens:
+  `canary_mode = "require"` needs the tool canary (and the reasoning canary when a reasoning parser is expected)
+  to pass — or `canary_inconclusive_limit` inconclusive canaries while `/health` is 200, which serves
+  *unproven* with a warning instead of stranding a healthy server in `starting`; `"advisory"` and `"off"`
+  serve on `/health` 200 alone.
+- **Serving / degraded**: any diagnosed fault; `stream_leak` never restarts (alert, `degraded`), and neither
+  does a canary failure under `canary_mode = "advisory"`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from policies.backoff import RestartParams, decide_restart, is_stable
+from policies.diagnose import DiagnoseContext, Fault, diagnose
+from policies.ladders import Ladder, PastIncident, ladder_key
+from policies.model import Observation, ProbeSettings, canary_values, health_values
+from policies.plan import PARSER_KEY, Plan, plan_recovery
+from policies.signatures import scan
+from policies.states import FaultKind
+
+# a server that answers /health but wedges on its first canary is not merely slow to start
+STARTUP_WEDGES = frozenset(
+    {
+        FaultKind.DECODE_WEDGE,
+        FaultKind.COLLECTIVE_HANG,
+        FaultKind.PD_TRANSFER_WEDGE,
+        FaultKind.GPU_FAULT,
+    }
+)
+STARTING_FAULTS = STARTUP_WEDGES | {FaultKind.PARSER_MISCONFIG, FaultKind.STARTUP_STALLED}
+_TREE_OVERRIDES = frozenset({FaultKind.GPU_FAULT, FaultKind.COLLECTIVE_HANG})
+
+
+@dataclass(frozen=True)
+class TreeFacts:
+    """What the process tree showed this tick: the losses that count, the exit code, the last log lines."""
+
+    losses: tuple[str, ...] = ()  # e.g. "rank_lost sglang::scheduler_TP1", "main_exit 1234"
+    exit_code: int | None = None
+    log_tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """Where the server stands this tick."""
+
+    role: str  # unified | prefill | decode | router
+    phase: str  # starting | serving | degraded
+    started_at: float  # monotonic, this launch
+    settings: ProbeSettings
+
+
+@dataclass(frozen=True)
+class Triage:
+    """The outcome of one tick: a fault, startup proven, or nothing (with what startup waits for)."""
+
+    fault: Fault | None = None
+    serving: bool = False  # startup proven now: starting → serving
+    unproven: str = ""  # serving although the canary never passed: the warning for status and alerts
+    waiting_for: str = ""  # while starting: what the gate still waits for
+
+
+def _healthy_once(window: Sequence[Observation]) -> bool:
+    return any(o.probe == "health" and o.ok for o in window)
+
+
+def _latest(window: Sequence[Observation], probe: str) -> Observation | None:
+    found = [o for o in window if o.probe == probe]
+    return max(found, key=lambda o: o.at) if found else None
+
+
+def _tree_fault(
+    window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, ctx: DiagnoseContext, now: float
+) -> Fault:
+    evidence: dict[str, object] = {
+        "probe": "ranks",
+        "events": list(tree.losses),
+        "exit_code": tree.exit_code,
+        "log_tail": list(tree.log_tail[-20:]),
+    }
+    fatal = [h for h in scan(tree.log_tail) if h.signature.fatal]
+    tags = sorted({h.signature.tag for h in fatal if h.signature.tag})
+    for kind in (FaultKind.GPU_FAULT, FaultKind.OOM):
+        lines = [h.line for h in fatal if h.signature.kind == kind][-3:]
+        if lines:
+            why = f"{kind.value} in the log: {lines[-1][:200]}"
+            return Fault(kind.value, {**evidence, "log_hits": lines, "tags": tags}, 0.9, why, True, now)
+    diagnosed = diagnose(window, ctx, now, only=_TREE_OVERRIDES)
+    if diagnosed is not None:
+        return Fault(
+            diagnosed.kind,
+            {**evidence, **dict(diagnosed.evidence)},
+            diagnosed.confidence,
+            diagnosed.reason,
+            True,
+            diagnosed.onset_at,
+        )
+    starting = facts.phase == "starting" and not ctx.healthy_once
+    kind = FaultKind.STARTUP_FAILURE if starting else FaultKind.CRASH
+    what = "; ".join(tree.losses)
+    return Fault(
+        kind.value, {**evidence, "tags": tags}, 0.95, f"{what} (exit code {tree.exit_code})", True, now
+    )
+
+
+def _canary_gate(window: Sequence[Observation], facts: ServerFacts) -> Triage:
+    """While starting with /health 200: is the canary gate open?"""
+    s = facts.settings
+    if s.canary_mode != "require":
+        return Triage(serving=True)
+    wanted = ["canary_tool"] + (["canary_reasoning"] if s.expected_reasoning_parser else [])
+    verdicts = {p: _latest(window, p) for p in wanted}
+    config = _latest(window, "config_check")
+    config_ok = config is None or canary_values(config).get("verdict") != "fail"
+    if config_ok and all(
+        o is not None and canary_values(o).get("verdict") == "pass" for o in verdicts.values()
+    ):
+        return Triage(serving=True)
+    inconclusive = [
+        o
+        for o in window
+        if o.probe in wanted
+        and o.at >= facts.started_at
+        and canary_values(o).get("verdict") == "inconclusive"
+    ]
+    if len(inconclusive) >= s.canary_inconclusive_limit:
+        last = max(inconclusive, key=lambda o: o.at)
+        why = (
+            f"serving unproven: {len(inconclusive)} inconclusive canaries with /health 200 "
+            f"(last: {canary_values(last).get('reason') or last.detail})"
+        )
+        return Triage(serving=True, unproven=why)
+    if not any(verdicts.values()):
+        return Triage(waiting_for="the first canary (/health is 200)")
+    return Triage(
+        waiting_for=(
+            f"a passing canary ({len(inconclusive)} of {s.canary_inconclusive_limit} inconclusive so far)"
+        )
+    )
+
+
+def _waiting_for_health(window: Sequence[Observation]) -> str:
+    health = _latest(window, "health")
+    if health is None:
+        return "/health (no answer yet)"
+    v = health_values(health)
+    if v.get("refused"):
+        return "/health (port closed: loading)"
+    return f"/health 200 (last: {v.get('status') or health.detail})"
+
+
+def triage(window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, now: float) -> Triage:
+    """What this tick shows for one server (the rules are in the module docstring)."""
+    phase = facts.phase if facts.phase in ("starting", "serving", "degraded") else "serving"
+    ctx = DiagnoseContext(phase, facts.role, facts.started_at, facts.settings, _healthy_once(window))
+    if tree.losses:
+        return Triage(fault=_tree_fault(window, tree, facts, ctx, now))
+    advisory = facts.settings.canary_mode == "advisory"
+    if facts.role == "router":
+        if phase == "starting":
+            health = _latest(window, "health")
+            ok = health is not None and health.ok
+            return Triage(serving=True) if ok else Triage(waiting_for=_waiting_for_health(window))
+        fault = diagnose(window, ctx, now, only={FaultKind.HEALTH_UNRESPONSIVE})
+        return Triage(fault=fault)
+    if phase == "starting":
+        fault = diagnose(window, ctx, now, only=STARTING_FAULTS)
+        if fault is not None and not (advisory and fault.kind == FaultKind.PARSER_MISCONFIG):
+            return Triage(fault=fault)
+        health = _latest(window, "health")
+        if health is None or not health.ok:
+            return Triage(waiting_for=_waiting_for_health(window))
+        return _canary_gate(window, facts)
+    fault = diagnose(window, ctx, now)
+    if fault is not None and advisory and fault.kind == FaultKind.PARSER_MISCONFIG:
+        fault = Fault(fault.kind, fault.evidence, fault.confidence, fault.reason, False, fault.onset_at)
+    return Triage(fault=fault)
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """What a recovery plan depends on beyond the fault itself."""
+
+    role: str
+    argv: tuple[str, ...]
+    restarts: tuple[float, ...]  # monotonic times of the restarts of the current streak
+    serving_since: float | None
+    restart: RestartParams
+    jitter: float  # a uniform draw in [0, 1)
+    history: tuple[PastIncident, ...]
+    levels: Mapping[str, int]
+    ladders: Mapping[str, Ladder]
+    parser_policy: str
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """The plan for a fault, and whether the restart streak was over before it (stable serving)."""
+
+    plan: Plan
+    streak_over: bool
+
+
+def tags(fault: Fault, argv: Sequence[str]) -> list[str]:
+    """Evidence tags that pick a ladder variant: from the diagnosis, the argv, the evidence text."""
+    found = [str(t) for t in fault.evidence.get("tags", ()) if isinstance(t, str)]
+    if any(a == "--speculative-algorithm" or a.startswith("--speculative-algorithm=") for a in argv):
+        found.append("spec_decode")
+    if "illegal memory access" in str(fault.evidence).lower():
+        found.append("illegal_memory_access")
+    return found
+
+
+def plan(fault: Fault, facts: PlanFacts, now: float) -> Recovery:
+    """What to do about `fault`: relaunch (rung, delay), alert only, or fail — with the reason."""
+    kind = FaultKind(fault.kind)
+    streak_over = is_stable(facts.serving_since, now, facts.restart)
+    restarts = () if streak_over else facts.restarts
+    restart = decide_restart(restarts, now, facts.restart, facts.jitter)
+    key: str | None
+    if facts.role == "router":
+        key = None  # SGLang's fallback flags do not apply to the router
+    elif kind is FaultKind.PARSER_MISCONFIG:
+        key = PARSER_KEY
+    else:
+        key = ladder_key(kind, tags(fault, facts.argv), facts.ladders)
+    if not fault.restart and kind is not FaultKind.STREAM_LEAK:
+        alert = Plan("alert", "alert only: canary_mode is advisory", levels=facts.levels, page=False)
+        return Recovery(alert, streak_over)
+    chosen = plan_recovery(
+        kind.value, key, facts.history, facts.levels, facts.ladders, restart, facts.parser_policy
+    )
+    return Recovery(chosen, streak_over)
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """Promote-back: the ladder to step one rung back up, and why."""
+
+    key: str
+    reason: str
+
+
+def promotion(
+    levels: Mapping[str, int],
+    serving_since: float | None,
+    now: float,
+    *,
+    quiet: bool,
+    enabled: bool,
+    after_s: float,
+) -> Promotion | None:
+    """After `after_s` of stable serving on a fallback rung, at a quiet moment, try one rung lower (opt-in)."""
+    if not enabled or not quiet or serving_since is None or not levels or max(levels.values()) == 0:
+        return None
+    if now - serving_since < after_s:
+        return None
+    key = max(levels, key=lambda k: levels[k])
+    return Promotion(key, f"stable for {after_s:g}s: try {key} rung {levels[key] - 1}")

@@ -1,0 +1,32 @@
+"""What reaches a server loop from outside (operator commands) and why watching one launch ended."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from policies.diagnose import Fault
+
+
+@dataclass
+class Command:
+    """An action queued for one server: restart, pause, resume, stop, or a promote-back the loop itself queued."""
+
+    kind: str  # "restart" | "pause" | "resume" | "stop" | "promote"
+    reason: str = ""
+    actor: str = "operator"
+    done: asyncio.Future[str] | None = field(default=None, repr=False)
+
+    def answer(self, result: str) -> None:
+        """Tell the caller waiting on `done` (once)."""
+        if self.done is not None and not self.done.done():
+            self.done.set_result(result)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Why watching a launch ended: a fault to recover from, or a command to carry out."""
+
+    fault: Fault | None = None
+    command: Command | None = None
+    spawn_failed: str = ""  # the launch command could not start: why

@@ -1,0 +1,203 @@
+"""The host boundary of the server loop: every effect it has on processes, GPUs, files and HTTP goes through here.
+
+`RealHost` does the work (launcher, proctree, release, forensics, the target's `--help`, the probes' monitor);
+unit tests pass a fake with the same methods, so the loop's every transition runs in microseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from policies.flagcompat import FlagSet
+from policies.model import Observation, ProbeSettings, TreeView
+from probes.monitor import Monitor
+from supervisor.config import ServerConfig, SupervisorConfig
+from supervisor.host import forensics, launcher, proctree
+from supervisor.host.flaghelp import HelpUnavailable, target_flags
+from supervisor.host.gpu import GpuBackend
+from supervisor.host.launcher import SpawnFailed
+from supervisor.host.proctree import ProcId, TreeEvent, TreeSnapshot
+from supervisor.host.release import ReleaseReport, stop_and_release
+from supervisor.records.incident import Incident
+
+
+class RunHandle(Protocol):
+    """One launched tree: its main PID and group, its captured output, its exit status."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def pgid(self) -> int: ...
+
+    def tail(self, n: int) -> list[str]: ...
+
+    def lines_since(self, cursor: int) -> tuple[list[str], int]: ...
+
+    def returncode(self) -> int | None: ...
+
+    def close(self, timeout_s: float = 2.0) -> bool: ...
+
+
+class ProbeMonitor(Protocol):
+    """What the loop needs of the probes of one server (`probes.monitor.Monitor`)."""
+
+    async def tick(self, now: float) -> list[Observation]: ...
+
+    def window(self) -> list[Observation]: ...
+
+    def reset(self, now: float) -> None: ...
+
+    def reconfigure(self, settings: ProbeSettings) -> None: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class MonitorSpec:
+    """Where and how to probe one launch, and the loop's readers of what the host shows."""
+
+    server: str
+    role: str
+    base_url: str
+    canary_url: str
+    model: str
+    settings: ProbeSettings
+    tree: Callable[[], TreeView]
+    gpu: Callable[[], list[dict[str, Any]]] | None
+    log_lines: Callable[[], list[str]]
+    pids_for_stacks: Callable[[], dict[int, str]]
+
+
+class Host(Protocol):
+    """Every effect of the server loop."""
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str],
+        gpus: Sequence[int],
+        run_id: str,
+        marker: str,
+        log_path: Path,
+    ) -> RunHandle | SpawnFailed: ...
+
+    async def poll_tree(
+        self, previous: TreeSnapshot | None, main_pid: int, run_id: str, titles: Sequence[str]
+    ) -> tuple[TreeSnapshot, list[TreeEvent]]: ...
+
+    async def find_marked(self, marker: str) -> list[ProcId]: ...
+
+    async def release(
+        self,
+        cfg: ServerConfig,
+        sup: SupervisorConfig,
+        *,
+        main_pid: int | None,
+        pgid: int | None,
+        run_id: str,
+        mode: str,
+        known: list[ProcId],
+        any_run_of: str | None = None,
+    ) -> ReleaseReport: ...
+
+    def gpu_reader(self, gpus: Sequence[int]) -> Callable[[], list[dict[str, Any]]] | None: ...
+
+    async def forensics(
+        self, sup: SupervisorConfig, evidence: forensics.Evidence, incident: Incident
+    ) -> str: ...
+
+    async def learn_flags(self, command: Sequence[str], cache: Path) -> FlagSet | HelpUnavailable: ...
+
+    def monitor(self, spec: MonitorSpec) -> ProbeMonitor: ...
+
+
+class RealHost:
+    """The host for real: subprocesses, /proc, the GPU backend, py-spy, HTTP probes."""
+
+    def __init__(self, backend: GpuBackend, gpu_enabled: bool = True) -> None:
+        self.backend = backend
+        self.gpu_enabled = gpu_enabled
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str],
+        gpus: Sequence[int],
+        run_id: str,
+        marker: str,
+        log_path: Path,
+    ) -> RunHandle | SpawnFailed:
+        """Start the tree in a new session (launcher.spawn, in a thread)."""
+        return await asyncio.to_thread(launcher.spawn, list(argv), env, list(gpus), run_id, marker, log_path)
+
+    async def poll_tree(
+        self, previous: TreeSnapshot | None, main_pid: int, run_id: str, titles: Sequence[str]
+    ) -> tuple[TreeSnapshot, list[TreeEvent]]:
+        """Snapshot the tree and what changed (proctree.poll_tree, in a thread)."""
+        return await asyncio.to_thread(proctree.poll_tree, previous, main_pid, run_id, list(titles))
+
+    async def find_marked(self, marker: str) -> list[ProcId]:
+        """Processes carrying this server's marker (an earlier run's leftovers)."""
+        return await asyncio.to_thread(proctree.find_marked, None, marker)
+
+    async def release(
+        self,
+        cfg: ServerConfig,
+        sup: SupervisorConfig,
+        *,
+        main_pid: int | None,
+        pgid: int | None,
+        run_id: str,
+        mode: str,
+        known: list[ProcId],
+        any_run_of: str | None = None,
+    ) -> ReleaseReport:
+        """Stop, reap, release the GPUs and verify them free (supervisor.host.release)."""
+        return await stop_and_release(
+            cfg,
+            sup,
+            self.backend,
+            main_pid=main_pid,
+            pgid=pgid,
+            run_id=run_id,
+            mode=mode,
+            known=known,
+            any_run_of=any_run_of,
+        )
+
+    def gpu_reader(self, gpus: Sequence[int]) -> Callable[[], list[dict[str, Any]]] | None:
+        """A reader of the owned GPUs' samples, or None when GPU reading is off."""
+        if not self.gpu_enabled:
+            return None
+        owned = list(gpus)
+        return lambda: [s.to_json() for s in self.backend.snapshot(owned)]
+
+    async def forensics(self, sup: SupervisorConfig, evidence: forensics.Evidence, incident: Incident) -> str:
+        """The forensics bundle of an incident (its path, '' when none could be written)."""
+        return await forensics.capture(sup, evidence, incident)
+
+    async def learn_flags(self, command: Sequence[str], cache: Path) -> FlagSet | HelpUnavailable:
+        """The flags the target accepts, from its own `--help` (cached)."""
+        return await asyncio.to_thread(target_flags, list(command), cache)
+
+    def monitor(self, spec: MonitorSpec) -> ProbeMonitor:
+        """The probes of one server."""
+        return Monitor(
+            server=spec.server,
+            role=spec.role,
+            base_url=spec.base_url,
+            canary_url=spec.canary_url,
+            model=spec.model,
+            settings=spec.settings,
+            tree=spec.tree,
+            gpu=spec.gpu,
+            log_lines=spec.log_lines,
+            pids_for_stacks=spec.pids_for_stacks,
+        )

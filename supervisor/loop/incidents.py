@@ -1,0 +1,192 @@
+"""The incident book: every incident is created, updated, journaled, counted, logged and alerted here.
+
+One path for every kind of entry (a fault with its plan, a degraded server, a fault seen while paused, an operator
+action, a canary that never proved the server), so they are recorded the same way.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from policies.diagnose import Fault
+from policies.plan import Plan
+from supervisor.alerts.dispatcher import AlertDispatcher
+from supervisor.records.incident import Incident
+from supervisor.records.journal import IncidentJournal
+from supervisor.reporting.metrics import SupervisorMetrics
+
+log = structlog.get_logger()
+KEEP = 200
+
+
+class IncidentBook:
+    """The recent incidents in memory, the journal on disk, the metrics and the alerts."""
+
+    def __init__(
+        self, journal: IncidentJournal, metrics: SupervisorMetrics, alerts: AlertDispatcher | None
+    ) -> None:
+        self.journal = journal
+        self.metrics = metrics
+        self.alerts = alerts
+        self.recent: deque[Incident] = deque(journal.load()[-KEEP:], maxlen=KEEP)
+
+    def _store(self, incident: Incident) -> None:
+        self.recent = deque([i for i in self.recent if i.id != incident.id], maxlen=KEEP)
+        self.recent.append(incident)
+        try:
+            self.journal.append(incident)
+        except OSError as exc:
+            log.error("journal.append_failed", error=str(exc), incident=incident.id)
+
+    def _fire(self, incident: Incident) -> None:
+        if self.alerts is not None:
+            self.alerts.fire(incident)
+
+    @staticmethod
+    def _new(
+        server: str,
+        wall: float,
+        fault: str,
+        action: str,
+        reason: str,
+        evidence: dict[str, Any],
+        argv: tuple[str, ...],
+        rung: int,
+        **kw: Any,
+    ) -> Incident:
+        stamp = datetime.fromtimestamp(wall, UTC).strftime("%Y%m%dT%H%M%S")
+        return Incident(
+            id=f"{stamp}-{server}-{uuid.uuid4().hex[:6]}",
+            server=server,
+            fault=fault,
+            detected_at=wall,
+            evidence=evidence,
+            action=action,
+            reason=reason,
+            argv_before=argv,
+            rung=rung,
+            **kw,
+        )
+
+    def fault(
+        self,
+        server: str,
+        wall: float,
+        fault: Fault,
+        plan: Plan,
+        argv: tuple[str, ...],
+        rung: int,
+        detection_latency_s: float | None,
+    ) -> Incident:
+        """A fault was detected and a plan chosen: record, count, alert."""
+        incident = self._new(
+            server,
+            wall,
+            fault.kind,
+            plan.action,
+            f"{fault.reason} → {plan.reason}",
+            {**dict(fault.evidence), "confidence": fault.confidence},
+            argv,
+            rung,
+            severity="page" if plan.page else "warning",
+            detection_latency_s=detection_latency_s,
+        )
+        self._store(incident)
+        self.metrics.incident(server, fault.kind)
+        if detection_latency_s is not None:
+            self.metrics.observe_detection(fault.kind, detection_latency_s)
+        log.warning(
+            "fault.detected",
+            server=server,
+            incident=incident.id,
+            fault=fault.kind,
+            reason=fault.reason,
+            action=plan.action,
+            detection_latency_s=detection_latency_s,
+        )
+        self._fire(incident)
+        return incident
+
+    def update(self, incident: Incident) -> None:
+        """A later fact about an incident (forensics path, argv after, release report)."""
+        self._store(incident)
+
+    def page(self, incident: Incident, reason: str) -> Incident:
+        """The server is failed: escalate the incident (same dedup key) with the reason."""
+        updated = replace(
+            incident, action="failed", reason=f"{incident.reason}; FAILED: {reason}", severity="page"
+        )
+        self._store(updated)
+        self._fire(updated)
+        return updated
+
+    def resolve(self, incident: Incident, wall: float, time_to_serving_s: float) -> Incident:
+        """Serving again after `incident`: mark it recovered and send the resolved alert."""
+        resolved = incident.resolve(wall, time_to_serving_s)
+        self._store(resolved)
+        log.info(
+            "recovery.complete",
+            server=incident.server,
+            incident=incident.id,
+            time_to_serving_s=round(time_to_serving_s, 3),
+        )
+        if self.alerts is not None:
+            self.alerts.resolve(resolved)
+        return resolved
+
+    def notice(
+        self,
+        server: str,
+        wall: float,
+        kind: str,
+        action: str,
+        reason: str,
+        evidence: dict[str, Any],
+        argv: tuple[str, ...],
+        rung: int,
+        severity: str = "warning",
+    ) -> Incident:
+        """An entry that is not acted on: degraded, seen while paused, serving unproven.
+
+        Only fault kinds are counted in `incidents_total`; `canary_unproven` has a gauge of its own.
+        """
+        incident = self._new(server, wall, kind, action, reason, evidence, argv, rung, severity=severity)
+        self._store(incident)
+        if kind != "canary_unproven":
+            self.metrics.incident(server, kind)
+        log.warning("fault.noticed", server=server, incident=incident.id, fault=kind, action=action)
+        self._fire(incident)
+        return incident
+
+    def operator(
+        self, server: str, wall: float, action: str, reason: str, actor: str, argv: tuple[str, ...], rung: int
+    ) -> Incident:
+        """Every control action is a journal entry with who and why."""
+        incident = self._new(
+            server,
+            wall,
+            "operator",
+            action,
+            reason or "(no reason given)",
+            {"source": "control"},
+            argv,
+            rung,
+            severity="info",
+            actor=actor,
+        )
+        self._store(incident)
+        log.info("control.action", server=server, action=action, actor=actor, reason=reason)
+        return incident
+
+    def last(self, server: str) -> Incident | None:
+        """The newest incident of a server."""
+        for incident in reversed(self.recent):
+            if incident.server == server:
+                return incident
+        return None
