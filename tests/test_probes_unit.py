@@ -395,3 +395,50 @@ async def test_monitor_schedules_canary_after_first_200(fake: tuple[FakeServer, 
         assert server.requests.count("/health") == 1
     finally:
         await monitor.aclose()
+
+
+async def _drive_fake_time(monitor: Monitor, ticks: int, step_s: float) -> None:
+    """Tick the monitor with a synthetic clock `step_s` apart, letting its probe tasks finish between ticks."""
+    now = asyncio.get_running_loop().time()
+    for i in range(ticks):
+        await monitor.tick(now + i * step_s)
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.unit
+async def test_stream_canary_period_zero_means_off(fake: tuple[FakeServer, str]) -> None:
+    """Regression: `stream_canary_period_s = 0` ran the load canary back to back; now it never runs."""
+    server, url = fake
+    settings = ProbeSettings(
+        expected_tool_parser="kimi_k2", canary_period_s=5, stream_canary_period_s=0,
+        stream_canary_concurrency=4, canary_timeout_s=5, health_timeout_s=5,
+    )  # fmt: skip
+    monitor = Monitor(
+        server="s", role="unified", base_url=url, model="m", settings=settings,
+        tree=TreeView, gpu=None, log_lines=list, pids_for_stacks=dict,
+    )  # fmt: skip
+    try:
+        await _drive_fake_time(monitor, 40, 5.0)
+        probes = monitor.snapshot()["probes"]
+        assert probes["canary_tool"]["values"]["verdict"] == "pass"
+        assert "canary_stream" not in probes
+        assert server.requests.count("/v1/chat/completions") <= 2 * 41  # the tool canary's two, no more
+    finally:
+        await monitor.aclose()
+
+
+@pytest.mark.unit
+async def test_canary_mode_off_sends_no_canary(fake: tuple[FakeServer, str]) -> None:
+    """`canary_mode = "off"`: /health and /metrics only, never a chat completion."""
+    server, url = fake
+    settings = ProbeSettings(canary_mode="off", canary_period_s=5, health_timeout_s=5)
+    monitor = Monitor(
+        server="s", role="unified", base_url=url, model="m", settings=settings,
+        tree=TreeView, gpu=None, log_lines=list, pids_for_stacks=dict,
+    )  # fmt: skip
+    try:
+        await _drive_fake_time(monitor, 20, 5.0)
+        assert "/health" in server.requests
+        assert "/v1/chat/completions" not in server.requests
+    finally:
+        await monitor.aclose()

@@ -1,0 +1,240 @@
+"""Fakes for the server loop's seams: a clock that advances on sleep, a host that records, scripted probes."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from policies.flagcompat import FlagSet
+from policies.model import Observation, ProbeSettings
+from supervisor.config import Config, parse_config
+from supervisor.daemon import Daemon
+from supervisor.host.flaghelp import HelpUnavailable
+from supervisor.host.forensics import Evidence
+from supervisor.host.launcher import SpawnFailed
+from supervisor.host.proctree import ProcId, RankState, TreeEvent, TreeSnapshot
+from supervisor.host.release import ReleaseReport
+from supervisor.loop.host import MonitorSpec, RunHandle
+from supervisor.records.incident import Incident
+
+
+class FakeClock:
+    """Monotonic time that moves only when the loop sleeps (each sleep yields to the event loop once)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return 1.7e9 + self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += max(seconds, 0.001)
+        await asyncio.sleep(0)
+
+
+class FakeRun:
+    """A launched tree: alive until the test kills it."""
+
+    def __init__(self, pid: int, argv: Sequence[str], titles: int) -> None:
+        self.pid = pid
+        self.pgid = pid
+        self.argv = list(argv)
+        self.exit_code: int | None = None
+        self.lost: set[str] = set()
+        self.lines: list[str] = []
+        self.closed = False
+
+    def tail(self, n: int) -> list[str]:
+        return self.lines[-n:]
+
+    def lines_since(self, cursor: int) -> tuple[list[str], int]:
+        return self.lines[cursor:], len(self.lines)
+
+    def returncode(self) -> int | None:
+        return self.exit_code
+
+    def close(self, timeout_s: float = 2.0) -> bool:
+        self.closed = True
+        return True
+
+
+class FakeMonitor:
+    """Probes whose observations the test scripts: `script(now)` returns what this tick saw."""
+
+    def __init__(self, spec: MonitorSpec, script: Callable[[float], list[Observation]]) -> None:
+        self.spec = spec
+        self.settings = spec.settings
+        self.script = script
+        self.observations: list[Observation] = []
+        self.closed = False
+
+    async def tick(self, now: float) -> list[Observation]:
+        new = self.script(now)
+        self.observations += new
+        return new
+
+    def window(self) -> list[Observation]:
+        return list(self.observations)
+
+    def reset(self, now: float) -> None:
+        self.observations = []
+
+    def reconfigure(self, settings: ProbeSettings) -> None:
+        self.settings = settings
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"probes": {o.probe: {"ok": o.ok, "values": dict(o.values)} for o in self.observations}}
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def healthy(now: float) -> list[Observation]:
+    """A server that answers /health 200 and passes the tool canary."""
+    return [
+        Observation("health", now, True, "/health 200", 0.01, {"status": 200}),
+        Observation("canary_tool", now, True, "pass", 0.1, {"verdict": "pass"}),
+        Observation("canary_reasoning", now, True, "pass", 0.1, {"verdict": "pass"}),
+    ]
+
+
+@dataclass
+class FakeHost:
+    """Records every effect; the test decides what the host shows."""
+
+    titles: int = 2
+    script: Callable[[float], list[Observation]] = healthy
+    spawn_error: str = ""
+    release_ok: bool = True
+    leftovers: list[ProcId] = field(default_factory=list)
+    runs: list[FakeRun] = field(default_factory=list)
+    monitors: list[FakeMonitor] = field(default_factory=list)
+    releases: list[dict[str, Any]] = field(default_factory=list)
+    forensics_taken: list[str] = field(default_factory=list)
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str],
+        gpus: Sequence[int],
+        run_id: str,
+        marker: str,
+        log_path: Path,
+    ) -> RunHandle | SpawnFailed:
+        if self.spawn_error:
+            return SpawnFailed(self.spawn_error)
+        run = FakeRun(4000 + len(self.runs), argv, self.titles)
+        self.runs.append(run)
+        return run
+
+    @property
+    def run(self) -> FakeRun:
+        return self.runs[-1]
+
+    async def poll_tree(
+        self, previous: TreeSnapshot | None, main_pid: int, run_id: str, titles: Sequence[str]
+    ) -> tuple[TreeSnapshot, list[TreeEvent]]:
+        run = next(r for r in self.runs if r.pid == main_pid)
+        ranks = tuple(
+            RankState(
+                t, None if t in run.lost else main_pid + 1 + i, "missing" if t in run.lost else "running", 1.0
+            )
+            for i, t in enumerate(titles)
+        )
+        snap = TreeSnapshot(0.0, main_pid, run.exit_code is None, ranks, (), ())
+        events: list[TreeEvent] = []
+        if previous is not None and previous.main_alive and not snap.main_alive:
+            events.append(TreeEvent("main_exited", main_pid))
+        before = {r.title: r.status for r in previous.ranks} if previous else {}
+        events += [
+            TreeEvent("rank_lost", 0, r.title)
+            for r in ranks
+            if r.status != "running" and before.get(r.title, "running") == "running"
+        ]
+        return snap, events
+
+    async def find_marked(self, marker: str) -> list[ProcId]:
+        return list(self.leftovers)
+
+    async def release(self, cfg: Any, sup: Any, **kw: Any) -> ReleaseReport:
+        self.releases.append(kw)
+        for run in self.runs:
+            if run.pid == kw.get("main_pid") and run.exit_code is None:
+                run.exit_code = -9
+        self.leftovers = []
+        if self.release_ok:
+            return ReleaseReport(True, "released", {"total": 0.01})
+        return ReleaseReport(False, "GPU 0 still held by pid 77")
+
+    def gpu_reader(self, gpus: Sequence[int]) -> Callable[[], list[dict[str, Any]]] | None:
+        return None
+
+    async def forensics(self, sup: Any, evidence: Evidence, incident: Incident) -> str:
+        self.forensics_taken.append(incident.id)
+        return f"/forensics/{incident.id}"
+
+    async def learn_flags(self, command: Sequence[str], cache: Path) -> FlagSet | HelpUnavailable:
+        return HelpUnavailable("fake host: flags not learned")
+
+    def monitor(self, spec: MonitorSpec) -> FakeMonitor:
+        monitor = FakeMonitor(spec, lambda now: self.script(now))
+        self.monitors.append(monitor)
+        return monitor
+
+
+def config(tmp_path: Path, extra: str = "", server: str = "", servers: str | None = None) -> Config:
+    """A one-server config (or `servers` TOML) in `tmp_path`, with fast backoff."""
+    import tomllib
+
+    body = f"""
+[supervisor]
+state_dir = "{tmp_path / "state"}"
+log_dir = "{tmp_path / "log"}"
+shm_dir = "{tmp_path / "shm"}"
+gpu_backend = "none"
+tick_s = 0.5
+[supervisor.http]
+port = 0
+[supervisor.restart]
+initial_s = 1
+max_s = 8
+jitter = 0
+restarts = 3
+window_s = 600
+slow_retry_s = 0
+{extra}
+"""
+    body += (
+        servers
+        if servers is not None
+        else f"""
+[[servers]]
+name = "sim"
+command = ["{sys.executable}", "-m", "simulator.launch_server"]
+args = ["--model-path", "Qwen/Qwen3-8B", "--tp-size", "2", "--port", "31999"]
+gpus = [0, 1]
+{server}
+"""
+    )
+    return parse_config(tomllib.loads(body), tmp_path, {})
+
+
+def daemon(tmp_path: Path, host: FakeHost, clock: FakeClock, **kw: str) -> Daemon:
+    """A daemon over the fakes (nothing is started until the test runs a loop)."""
+    return Daemon(config(tmp_path, **kw), host=host, clock=clock)
+
+
+async def until(cond: Callable[[], bool], steps: int = 20000) -> None:
+    """Yield to the loop until `cond()` holds (a bounded number of steps: fake time moves meanwhile)."""
+    for _ in range(steps):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")

@@ -1,0 +1,296 @@
+"""The server loop with a fake clock and a fake host: transitions, backoff, budget, pause, reload, the gates."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from policies.model import Observation
+from policies.states import ServerState
+from supervisor.daemon import Daemon
+from supervisor.loop.commands import Command
+from supervisor.loop.server import ServerLoop
+from tests.unit.loop_fakes import FakeClock, FakeHost, daemon, healthy, until
+
+pytestmark = pytest.mark.unit
+S = ServerState
+
+
+@contextlib.asynccontextmanager
+async def running(d: Daemon) -> AsyncIterator[ServerLoop]:
+    """Run the daemon's first server loop; stop it cleanly at the end."""
+    loop = d.loops[0]
+    task = asyncio.create_task(loop.run_forever())
+    try:
+        yield loop
+    finally:
+        loop.stopping = True
+        loop.commands.put_nowait(Command("stop", "test over", "test"))
+        await asyncio.wait_for(task, timeout=10)
+
+
+def health(now: float, status: int | None) -> Observation:
+    return Observation("health", now, status == 200, f"/health {status}", 0.01, {"status": status})
+
+
+def inconclusive(now: float) -> list[Observation]:
+    return [
+        health(now, 200),
+        Observation(
+            "canary_tool", now, False, "inconclusive: finish_reason length", 1.0, {"verdict": "inconclusive"}
+        ),
+    ]
+
+
+def incidents(d: Daemon, fault: str | None = None) -> list[dict[str, object]]:
+    found = [i.to_json() for i in d.svc.incidents.recent]
+    return [i for i in found if fault is None or i["fault"] == fault]
+
+
+def metric(d: Daemon, line_start: str) -> float:
+    for line in d.metrics.render().decode().splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric line starting {line_start!r}")
+
+
+async def test_stopped_to_starting_to_serving_when_health_200_and_canary_passes(tmp_path: Path) -> None:
+    """A launch is `starting` until /health is 200 and the canaries pass; then `serving`."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        assert loop.reason == "health 200 and canary passed"
+    assert len(host.runs) == 1 and host.run.argv[-1] == "31999"
+
+
+async def test_starting_says_what_it_waits_for(tmp_path: Path) -> None:
+    """While the port is closed, status says so instead of a bare `launching`."""
+    host, clock = (
+        FakeHost(script=lambda now: [Observation("health", now, False, "refused", 0.0, {"refused": True})]),
+        FakeClock(),
+    )
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: "port closed" in loop.reason)
+        assert loop.state is S.STARTING
+        assert loop.status()["startup"]["waiting_for"].startswith("/health (port closed")
+
+
+async def test_starting_to_serving_unproven_after_inconclusive_canaries(tmp_path: Path) -> None:
+    """Inconclusive canaries with /health 200 never strand a server: serving unproven, warned, metric 1."""
+    host, clock = FakeHost(script=inconclusive), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        assert loop.unproven.startswith("serving unproven: 3 inconclusive canaries")
+        assert loop.status()["unproven"] == loop.unproven
+        assert metric(d, 'sglang_supervisor_canary_unproven{server="sim"}') == 1.0
+        assert incidents(d, "canary_unproven")[0]["severity"] == "warning"
+        host.script = healthy
+        await until(lambda: not loop.unproven)
+        assert metric(d, 'sglang_supervisor_canary_unproven{server="sim"}') == 0.0
+
+
+async def test_canary_mode_off_serves_on_health_alone(tmp_path: Path) -> None:
+    """`canary_mode = "off"`: /health 200 is enough."""
+    host, clock = FakeHost(script=lambda now: [health(now, 200)]), FakeClock()
+    d = daemon(tmp_path, host, clock, server='[servers.probes]\ncanary_mode = "off"')
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        assert not loop.unproven
+
+
+async def test_serving_to_recovering_to_backoff_to_serving_after_a_crash(tmp_path: Path) -> None:
+    """Main process exit while serving: crash incident, forensics, release, backoff, relaunch, resolved."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    seen: list[ServerState] = []
+    d.svc.on_state_change = lambda: seen.append(d.loops[0].state)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        host.run.exit_code = 1
+        await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
+    assert seen[:6] == [S.STARTING, S.SERVING, S.RECOVERING, S.BACKOFF, S.STARTING, S.SERVING]
+    crash = incidents(d, "crash")[0]
+    assert crash["forensics_path"] and crash["recovered_at"] is not None
+    assert host.releases[0]["mode"] == "kill"
+
+
+async def test_detection_latency_is_observed_for_every_fault(tmp_path: Path) -> None:
+    """Regression: the detection-latency histogram was never observed; now each incident feeds it."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        host.run.exit_code = 1
+        await until(lambda: len(host.runs) == 2)
+    assert incidents(d, "crash")[0]["detection_latency_s"] is not None
+    assert metric(d, 'sglang_supervisor_detection_latency_seconds_count{fault="crash"}') == 1.0
+
+
+async def test_time_to_serving_means_detection_to_serving_in_metric_and_incident(tmp_path: Path) -> None:
+    """Regression: time_to_serving is detection → serving (monotonic) in both the metric and the incident."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        host.run.exit_code = 1
+        await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
+    incident = incidents(d, "crash")[0]
+    total = metric(d, 'sglang_supervisor_time_to_serving_seconds_sum{server="sim"}')
+    assert incident["time_to_serving_s"] == pytest.approx(total)
+    assert float(str(incident["time_to_serving_s"])) >= 1.0  # includes the 1 s backoff
+
+
+async def test_rank_crash_after_health_200_is_a_crash_not_a_startup_failure(tmp_path: Path) -> None:
+    """A server that answered 200 but never passed its canary, then lost a rank, crashed."""
+    host, clock = FakeHost(script=lambda now: [health(now, 200)]), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: "canary" in loop.reason)
+        host.run.lost.add("sglang::scheduler_TP1")
+        await until(lambda: bool(incidents(d)))
+    assert incidents(d)[0]["fault"] == "crash"
+
+
+async def test_crash_loop_spends_the_budget_then_failed_until_the_operator_restarts(tmp_path: Path) -> None:
+    """Backoff grows 1, 2, 4 s; the 4th crash in the window is `failed`; an operator restart relaunches."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        for n in range(1, 5):
+            await until(lambda n=n: len(host.runs) == n and loop.state is S.SERVING)
+            host.run.exit_code = 1
+        await until(lambda: loop.state is S.FAILED)
+        assert "restart budget spent" in loop.reason
+        assert [i["action"] for i in incidents(d, "crash")][-1] == "failed"
+        loop.commands.put_nowait(Command("restart", "fixed the host", "alice"))
+        await until(lambda: len(host.runs) == 5 and loop.state is S.SERVING)
+    delays = [i["reason"] for i in incidents(d, "crash")]
+    assert "backoff 1.0s" in delays[0] and "backoff 2.0s" in delays[1] and "backoff 4.0s" in delays[2]
+
+
+async def test_pause_observes_a_fault_and_resume_acts_on_it(tmp_path: Path) -> None:
+    """Paused: a crash is journaled as observed, nothing is killed; resume then recovers."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        loop.commands.put_nowait(Command("pause", "maintenance", "bob"))
+        await until(lambda: loop.state is S.PAUSED)
+        host.run.lost.add("sglang::scheduler_TP0")
+        await until(lambda: bool(incidents(d, "crash")))
+        assert incidents(d, "crash")[0]["action"] == "observed (paused)"
+        assert host.releases == []
+        loop.commands.put_nowait(Command("resume", "done", "bob"))
+        await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
+    assert host.releases[0]["mode"] == "kill"
+
+
+async def test_reload_reaches_the_probes_at_once_and_the_port_at_the_next_launch(tmp_path: Path) -> None:
+    """Regression: a reloaded [servers.probes] or --port never reached the probes; now it does."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        new = d.config.model_copy(deep=True)
+        server = new.servers[0]
+        probes = server.probes.model_copy(update={"stall_after_s": 7.0})
+        args = tuple(a if a != "31999" else "31888" for a in server.args)
+        new = new.model_copy(update={"servers": [server.model_copy(update={"probes": probes, "args": args})]})
+        d.config, d.svc.config = new, new
+        loop.reconfigure(new.servers[0])
+        assert host.monitors[-1].settings.stall_after_s == 7.0
+        assert host.monitors[-1].spec.base_url.endswith(":31999")  # the running server keeps its port
+        loop.commands.put_nowait(Command("restart", "apply the new port", "carol"))
+        await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
+    assert host.monitors[-1].spec.base_url.endswith(":31888")
+
+
+async def test_a_wedged_server_loop_stops_the_watchdog(tmp_path: Path) -> None:
+    """Regression: WATCHDOG=1 and /healthz followed the daemon's ticker, not the server loops."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    loop = d.loops[0]
+    loop.beat()
+    assert d.loop_health()[0]
+    clock.t += 60  # nothing beat for a minute
+    fresh, age = d.loop_health()
+    assert not fresh and age >= 60
+    loop.busy(120)  # inside a bounded step (a release): not stale
+    assert d.loop_health()[0]
+
+
+async def test_spawn_failure_is_failed_at_once_not_a_crash_loop(tmp_path: Path) -> None:
+    """A command that cannot start (a removed venv) is `failed` with the reason; nothing is retried."""
+    host, clock = FakeHost(spawn_error="cannot start '/opt/venv/bin/python': No such file"), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.FAILED)
+        clock.t += 3600
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert loop.state is S.FAILED
+        assert "operator needed" in loop.reason
+    assert len(host.runs) == 0
+    assert incidents(d, "startup_failure")[-1]["action"] == "failed"
+
+
+async def test_release_failure_is_failed_and_paged(tmp_path: Path) -> None:
+    """GPUs that will not come free: `failed`, the incident paged, no relaunch onto them."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        host.release_ok = False
+        host.run.exit_code = 1
+        await until(lambda: loop.state is S.FAILED)
+        assert "release failed" in loop.reason
+        assert len(host.runs) == 1
+    assert incidents(d, "crash")[0]["severity"] == "page"
+
+
+async def test_stream_leak_degrades_without_a_restart(tmp_path: Path) -> None:
+    """A leak only under concurrent streams: `degraded`, one alert, the tree untouched."""
+    leak = Observation(
+        "canary_stream", 0.0, False, "fail: leaks", 1.0, {"verdict": "fail", "leaks": ["<tool_call>"]}
+    )
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        host.script = lambda now: [*healthy(now), leak]
+        await until(lambda: loop.state is S.DEGRADED)
+        clock.t += 30
+        for _ in range(200):
+            await asyncio.sleep(0)
+        assert host.releases == [] and len(incidents(d, "stream_leak")) == 1
+
+
+async def test_previous_run_is_reaped_before_the_first_launch(tmp_path: Path) -> None:
+    """Processes a dead daemon left (found by marker) are reaped before anything launches."""
+    from supervisor.host.proctree import ProcId
+
+    host, clock = FakeHost(leftovers=[ProcId(777, 1.0)]), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+    assert host.releases[0]["any_run_of"] == loop.marker and host.releases[0]["main_pid"] is None
+
+
+async def test_promote_back_steps_one_rung_up_after_stable_serving(tmp_path: Path) -> None:
+    """Promote-back: on a fallback rung, after promote_after_s quiet serving, relaunch one rung lower."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock, server="[servers.policy]\npromote_back = true\npromote_after_s = 60")
+    d.loops[0].record.levels = {"collective_hang": 1}
+    quiet = Observation("progress", 0.0, True, "idle", 0.01, {"work": False})
+    host.script = lambda now: [*healthy(now), quiet]
+    async with running(d) as loop:
+        await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
+    assert loop.record.levels == {}
+    assert incidents(d)[-1]["action"] == "promote" or any(i["action"] == "promote" for i in incidents(d))

@@ -1,0 +1,150 @@
+"""policies.triage: the phase and role rules, the canary gate, the plan — pure, microseconds each."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.diagnose import Fault
+from policies.model import Observation, ProbeSettings
+from policies.triage import PlanFacts, ServerFacts, TreeFacts, plan, promotion, tags, triage
+
+pytestmark = pytest.mark.unit
+NOW = 1000.0
+S = ProbeSettings()
+
+
+def obs(probe: str, ok: bool = True, at: float = NOW, **values: object) -> Observation:
+    return Observation(probe, at, ok, probe, 0.01, values)
+
+
+def facts(phase: str = "serving", role: str = "unified", settings: ProbeSettings = S) -> ServerFacts:
+    return ServerFacts(role, phase, NOW - 100, settings)
+
+
+def test_tree_loss_while_starting_before_any_200_is_a_startup_failure() -> None:
+    """A death before /health ever answered 200 is a startup failure."""
+    result = triage([], TreeFacts(("main_exited 12",), 1), facts("starting"), NOW)
+    assert result.fault is not None and result.fault.kind == "startup_failure"
+
+
+def test_tree_loss_after_a_200_is_a_crash_even_while_starting() -> None:
+    """A healthy server that dies is a crash, whatever the canary said."""
+    window = [obs("health", status=200)]
+    result = triage(window, TreeFacts(("rank_lost sglang::scheduler_TP1",), None), facts("starting"), NOW)
+    assert result.fault is not None and result.fault.kind == "crash"
+
+
+def test_the_dying_trees_log_names_oom_before_the_crash() -> None:
+    """The last lines of the dead tree say why: an OOM is `oom`, not a plain crash."""
+    tail = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",)
+    result = triage([], TreeFacts(("main_exited 12",), 1, tail), facts(), NOW)
+    assert result.fault is not None and result.fault.kind == "oom"
+
+
+def test_starting_ignores_503_and_waits_for_health() -> None:
+    """While starting, 503 is normal: no fault, and the triage says what it waits for."""
+    window = [obs("health", ok=False, at=NOW - 200 + i, status=503) for i in range(20)]
+    result = triage(window, TreeFacts(), facts("starting"), NOW)
+    assert result.fault is None and result.waiting_for.startswith("/health 200")
+
+
+def test_require_gate_opens_on_a_passing_canary() -> None:
+    """`require`: /health 200 and a passing tool canary open the gate."""
+    window = [obs("health", status=200), obs("canary_tool", verdict="pass")]
+    assert triage(window, TreeFacts(), facts("starting"), NOW).serving
+
+
+def test_require_gate_serves_unproven_after_the_inconclusive_limit() -> None:
+    """`require`: the limit of inconclusive canaries with /health 200 serves, with a warning."""
+    window = [obs("health", status=200)] + [
+        obs("canary_tool", ok=False, at=NOW - i, verdict="inconclusive", reason="finish_reason length")
+        for i in range(3)
+    ]
+    result = triage(window, TreeFacts(), facts("starting"), NOW)
+    assert result.serving and "3 inconclusive canaries" in result.unproven
+    two = triage(window[:3], TreeFacts(), facts("starting"), NOW)
+    assert not two.serving and "2 of 3" in two.waiting_for
+
+
+@pytest.mark.parametrize("mode", ["advisory", "off"])
+def test_advisory_and_off_serve_on_health_alone(mode: str) -> None:
+    """`advisory` and `off` open the gate on /health 200."""
+    result = triage(
+        [obs("health", status=200)],
+        TreeFacts(),
+        facts("starting", settings=ProbeSettings(canary_mode=mode)),
+        NOW,
+    )
+    assert result.serving and not result.unproven
+
+
+def test_advisory_parser_failure_alerts_without_restart() -> None:
+    """`advisory`: a failing canary while serving is a parser_misconfig that does not restart."""
+    settings = ProbeSettings(canary_mode="advisory")
+    result = triage(
+        [obs("canary_tool", ok=False, verdict="fail")], TreeFacts(), facts(settings=settings), NOW
+    )
+    assert result.fault is not None and result.fault.kind == "parser_misconfig" and not result.fault.restart
+
+
+def test_router_is_judged_on_its_liveness_only() -> None:
+    """A stalled decode behind the router is not the router's fault."""
+    stalled = obs("progress", stalled_s=999.0, work=True, work_reasons=["canary_outstanding"])
+    assert triage([stalled], TreeFacts(), facts(role="router"), NOW).fault is None
+
+
+def test_startup_excludes_faults_that_only_count_when_serving() -> None:
+    """While starting, a long /health failure is not `health_unresponsive`."""
+    window = [obs("health", ok=False, at=NOW - 300 + 10 * i, status=503) for i in range(30)]
+    assert triage(window, TreeFacts(), facts("starting"), NOW).fault is None
+
+
+def _facts(**kw: object) -> PlanFacts:
+    class Restart:
+        restarts, window_s, initial_s, factor, max_s, jitter, stable_after_s, slow_retry_s = (
+            5,
+            600.0,
+            5.0,
+            2.0,
+            300.0,
+            0.0,
+            600.0,
+            1800.0,
+        )
+
+    base: dict[str, object] = {
+        "role": "unified", "argv": (), "restarts": (), "serving_since": None, "restart": Restart(),
+        "jitter": 0.5, "history": (), "levels": {}, "ladders": {}, "parser_policy": "fix",
+    }  # fmt: skip
+    base.update(kw)
+    return PlanFacts(**base)  # type: ignore[arg-type]
+
+
+def test_plan_resets_the_streak_after_stable_serving() -> None:
+    """Serving for stable_after_s ends the restart streak before the next plan."""
+    fault = Fault("crash", {}, 0.9, "main exited", True, NOW)
+    recovery = plan(fault, _facts(restarts=(NOW - 50, NOW - 40), serving_since=NOW - 700), NOW)
+    assert recovery.streak_over and recovery.plan.action == "relaunch"
+
+
+def test_spec_decode_argv_tags_the_fault() -> None:
+    """A speculative-decoding server's faults pick the spec_decode ladder variant."""
+    fault = Fault("decode_wedge", {"tags": []}, 0.9, "stalled", True, NOW)
+    assert "spec_decode" in tags(fault, ("--speculative-algorithm=EAGLE",))
+
+
+def test_promotion_waits_for_quiet_and_stability() -> None:
+    """Promote-back only when enabled, on a rung, stable long enough and quiet."""
+    levels = {"collective_hang": 1}
+    assert promotion(levels, NOW - 10, NOW, quiet=True, enabled=True, after_s=60) is None
+    assert promotion(levels, NOW - 100, NOW, quiet=False, enabled=True, after_s=60) is None
+    assert promotion(levels, NOW - 100, NOW, quiet=True, enabled=False, after_s=60) is None
+    due = promotion(levels, NOW - 100, NOW, quiet=True, enabled=True, after_s=60)
+    assert due is not None and due.key == "collective_hang"
+
+
+def test_stream_leak_is_alert_only_whatever_the_budget_says() -> None:
+    """A stream leak is alert-only, even with the restart budget spent."""
+    fault = Fault("stream_leak", {}, 0.9, "leak", False, NOW)
+    spent = tuple(NOW - i for i in range(1, 7))
+    assert plan(fault, _facts(restarts=spent), NOW).plan.action == "alert"
