@@ -22,6 +22,7 @@ EXPECTED_ALERTS = {
     "SglangParserMisconfigured",
     "SglangServerDegraded",
     "SglangGpuFault",
+    "SglangCanaryUnproven",
     "SglangSupervisorAlertDeliveryFailing",
 }
 
