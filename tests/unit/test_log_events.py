@@ -24,9 +24,9 @@ def _events() -> dict[str, str]:
                 if node.func.attr not in LEVELS or not node.args:
                     continue
                 first = node.args[0]
-                if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                    if re.fullmatch(r"[a-z_]+\.[a-z_.]+", first.value):
-                        found[first.value] = str(path.relative_to(ROOT))
+                literal = isinstance(first, ast.Constant) and isinstance(first.value, str)
+                if literal and re.fullmatch(r"[a-z_]+\.[a-z_.]+", str(first.value)):
+                    found[str(first.value)] = str(path.relative_to(ROOT))
     return found
 
 
