@@ -88,6 +88,16 @@ def check_transition(old: ServerState, new: ServerState) -> str | None:
     return f"illegal transition {old} → {new}; from {old} allowed: {targets}"
 
 
+def resume_target(before_pause: ServerState, running: bool, served_this_launch: bool) -> ServerState | None:
+    """Where `resume` returns: the state before the pause for starting/degraded, else serving — or starting if
+    this launch never served; None when nothing runs (the loop then launches)."""
+    if not running:
+        return None
+    if before_pause in (_S.STARTING, _S.DEGRADED):
+        return before_pause
+    return _S.SERVING if served_this_launch else _S.STARTING
+
+
 def worst(states: Iterable[ServerState]) -> ServerState:
     """The most severe of `states` by `SEVERITY`; raises ValueError when there are none."""
     ranked = [SEVERITY.index(s) for s in states]

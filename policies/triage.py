@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from policies.backoff import RestartParams, decide_restart, is_stable
 from policies.diagnose import DiagnoseContext, Fault, diagnose
 from policies.ladders import Ladder, PastIncident, ladder_key
-from policies.model import Observation, ProbeSettings, canary_values, health_values
+from policies.model import Observation, ProbeSettings, canary_values, health_values, progress_values
 from policies.plan import PARSER_KEY, Plan, plan_recovery
 from policies.signatures import scan
 from policies.states import FaultKind
@@ -74,6 +74,7 @@ class Triage:
     serving: bool = False  # startup proven now: starting → serving
     unproven: str = ""  # serving although the canary never passed: the warning for status and alerts
     waiting_for: str = ""  # while starting: what the gate still waits for
+    proven: bool = False  # the newest tool canary passed (clears a serving-unproven warning)
 
 
 def _healthy_once(window: Sequence[Observation]) -> bool:
@@ -190,7 +191,14 @@ def triage(window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, n
     fault = diagnose(window, ctx, now)
     if fault is not None and advisory and fault.kind == FaultKind.PARSER_MISCONFIG:
         fault = Fault(fault.kind, fault.evidence, fault.confidence, fault.reason, False, fault.onset_at)
-    return Triage(fault=fault)
+    tool = _latest(window, "canary_tool")
+    return Triage(fault=fault, proven=tool is not None and canary_values(tool).get("verdict") == "pass")
+
+
+def quiet(window: Sequence[Observation]) -> bool:
+    """No work in flight by the newest progress observation (none seen counts as busy)."""
+    progress = _latest(window, "progress")
+    return progress is not None and not progress_values(progress).get("work", True)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from policies.ladders import Rung, apply_rungs
 from policies.parsers_table import ExpectedParsers
 from policies.pd import Role, restart_order
 from policies.plan import PARSER_KEY, build_argv, parser_ladder
-from policies.states import ServerState, check_transition
+from policies.states import ServerState, check_transition, resume_target
 from supervisor.config import Config, ServerConfig
 from supervisor.host.flaghelp import HelpUnavailable
 from supervisor.host.forensics import redact_argv
@@ -288,14 +288,10 @@ class ServerLoop:
         elif cmd.kind == "resume" and self.paused:
             self.paused = False
             self.operator_entry("resume", cmd)
-            if self.run is not None:
-                back = (
-                    self.state_before_pause
-                    if self.state_before_pause in (S.STARTING, S.DEGRADED)
-                    else S.SERVING
-                )
-                if back is S.SERVING and self.serving_since is None:
-                    back = S.STARTING
+            back = resume_target(
+                self.state_before_pause, self.run is not None, self.serving_since is not None
+            )
+            if back is not None:
                 self.transition(back, f"resumed by {cmd.actor}: {cmd.reason}")
         elif cmd.kind == "stop":
             self.stopping = True

@@ -15,11 +15,10 @@ from policies.model import (
     TreeView,
     canary_values,
     logs_values,
-    progress_values,
 )
 from policies.pd import Role
 from policies.states import ServerState
-from policies.triage import ServerFacts, TreeFacts, promotion, triage
+from policies.triage import ServerFacts, TreeFacts, promotion, quiet, triage
 from supervisor.host import proctree
 from supervisor.loop.commands import Command, Outcome
 from supervisor.loop.host import MonitorSpec, ProbeMonitor
@@ -206,7 +205,7 @@ class Watch:
         elif loop.state is S.STARTING and result.waiting_for != self.waiting_for:
             self.waiting_for = result.waiting_for
             loop.transition(S.STARTING, f"waiting for {result.waiting_for}")
-        if loop.state in (S.SERVING, S.DEGRADED) and loop.unproven and self._canary_passed(window):
+        if loop.state in (S.SERVING, S.DEGRADED) and loop.unproven and result.proven:
             loop.set_unproven("")
         if loop.state is S.SERVING and not loop.paused:
             return self._promotion(window, now)
@@ -222,20 +221,14 @@ class Watch:
             return None
         return Outcome(fault=fault)
 
-    def _canary_passed(self, window: list[Observation]) -> bool:
-        tools = [o for o in window if o.probe == "canary_tool"]
-        return bool(tools) and canary_values(max(tools, key=lambda o: o.at)).get("verdict") == "pass"
-
     def _promotion(self, window: list[Observation], now: float) -> Outcome | None:
         loop = self.loop
-        progress = [o for o in window if o.probe == "progress"]
-        work = progress_values(max(progress, key=lambda o: o.at)).get("work", True) if progress else True
         policy = loop.cfg.policy
         due = promotion(
             loop.record.levels,
             loop.serving_since,
             now,
-            quiet=not work,
+            quiet=quiet(window),
             enabled=policy.promote_back,
             after_s=policy.promote_after_s,
         )
