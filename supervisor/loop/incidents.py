@@ -17,6 +17,7 @@ import structlog
 from policies.diagnose import Fault
 from policies.plan import Plan
 from supervisor.alerts.dispatcher import AlertDispatcher
+from supervisor.host.forensics import redact_argv
 from supervisor.records.incident import Incident
 from supervisor.records.journal import IncidentJournal
 from supervisor.reporting.metrics import SupervisorMetrics
@@ -69,7 +70,7 @@ class IncidentBook:
             evidence=evidence,
             action=action,
             reason=reason,
-            argv_before=argv,
+            argv_before=tuple(redact_argv(list(argv))),
             rung=rung,
             **kw,
         )
@@ -114,8 +115,8 @@ class IncidentBook:
         return incident
 
     def update(self, incident: Incident) -> None:
-        """A later fact about an incident (forensics path, argv after, release report)."""
-        self._store(incident)
+        """A later fact about an incident (forensics path, argv after, release report); secrets redacted."""
+        self._store(replace(incident, argv_after=tuple(redact_argv(list(incident.argv_after)))))
 
     def page(self, incident: Incident, reason: str) -> Incident:
         """The server is failed: escalate the incident (same dedup key) with the reason."""
