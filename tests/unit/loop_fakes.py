@@ -189,9 +189,20 @@ class FakeHost:
         return monitor
 
 
-def config(tmp_path: Path, extra: str = "", server: str = "", servers: str | None = None) -> Config:
-    """A one-server config (or `servers` TOML) in `tmp_path`, with fast backoff."""
+RESTART = {"initial_s": 1, "max_s": 8, "jitter": 0, "restarts": 3, "window_s": 600, "slow_retry_s": 0}
+
+
+def config(
+    tmp_path: Path,
+    extra: str = "",
+    server: str = "",
+    servers: str | None = None,
+    restart: dict[str, float] | None = None,
+) -> Config:
+    """A one-server config (or `servers` TOML) in `tmp_path`, with fast backoff (`restart` overrides it)."""
     import tomllib
+
+    restart_toml = "\n".join(f"{k} = {v}" for k, v in {**RESTART, **(restart or {})}.items())
 
     body = f"""
 [supervisor]
@@ -203,12 +214,7 @@ tick_s = 0.5
 [supervisor.http]
 port = 0
 [supervisor.restart]
-initial_s = 1
-max_s = 8
-jitter = 0
-restarts = 3
-window_s = 600
-slow_retry_s = 0
+{restart_toml}
 {extra}
 """
     body += (
@@ -226,7 +232,7 @@ gpus = [0, 1]
     return parse_config(tomllib.loads(body), tmp_path, {})
 
 
-def daemon(tmp_path: Path, host: FakeHost, clock: FakeClock, **kw: str) -> Daemon:
+def daemon(tmp_path: Path, host: FakeHost, clock: FakeClock, **kw: Any) -> Daemon:
     """A daemon over the fakes (nothing is started until the test runs a loop)."""
     return Daemon(config(tmp_path, **kw), host=host, clock=clock)
 

@@ -294,3 +294,27 @@ async def test_promote_back_steps_one_rung_up_after_stable_serving(tmp_path: Pat
         await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
     assert loop.record.levels == {}
     assert incidents(d)[-1]["action"] == "promote" or any(i["action"] == "promote" for i in incidents(d))
+
+
+async def test_restarts_zero_means_the_first_crash_is_failed(tmp_path: Path) -> None:
+    """Edge value: `restarts = 0` allows no restart at all; the first crash is `failed`."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock, restart={"restarts": 0})
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        host.run.exit_code = 1
+        await until(lambda: loop.state is S.FAILED)
+        assert len(host.runs) == 1
+
+
+async def test_slow_retry_relaunches_a_failed_server_after_slow_retry_s(tmp_path: Path) -> None:
+    """`slow_retry_s > 0`: a server failed for its budget is retried after that long, not abandoned."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock, restart={"restarts": 0, "slow_retry_s": 1800})
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        host.run.exit_code = 1
+        await until(lambda: loop.state is S.FAILED)
+        failed_at = clock.monotonic()
+        await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
+        assert clock.monotonic() - failed_at >= 1800 * 0.99
