@@ -247,5 +247,3 @@ def test_args_are_read_as_sglang_reads_them(tmp_path: Path) -> None:
     assert [(e.path, e.value, e.allowed) for e in info.value.errors] == [
         ("servers[0].args", "", "--port takes a positive integer")
     ]
-
-
