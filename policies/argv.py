@@ -16,9 +16,10 @@ command lines that are not SGLang's `launch_server` (the router's).
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policies import sglang_flags
 
@@ -44,6 +45,10 @@ class FlagTable:
 
     options: Mapping[str, Option]
     secrets: frozenset[str] = frozenset()
+    _sorted: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_sorted", tuple(sorted(self.options)))
 
     def resolve(self, written: str) -> str | None:
         """The option string `written` names: itself, or the one long option it abbreviates uniquely."""
@@ -51,8 +56,15 @@ class FlagTable:
             return written
         if not written.startswith("--"):
             return None
-        matches = [o for o in self.options if o.startswith(written)]
-        return matches[0] if len(matches) == 1 else None
+        first = bisect.bisect_left(self._sorted, written)
+        matches = self._sorted[first : first + 2]
+        if (
+            matches
+            and matches[0].startswith(written)
+            and not (len(matches) > 1 and matches[1].startswith(written))
+        ):
+            return matches[0]
+        return None
 
 
 @dataclass(frozen=True, slots=True)

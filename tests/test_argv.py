@@ -180,14 +180,14 @@ def _compare(args: list[str], namespace: argparse.Namespace) -> None:
 
 
 def test_reader_agrees_with_argparse_on_random_argvs() -> None:
-    """On 3000 seeded argvs argparse accepts, every option's value matches what argparse stored."""
+    """On 1000 seeded argvs (those argparse accepts), every option's value matches what argparse stored."""
     parser = _stdlib_parser()
     for action in parser._actions:
         action.default = argparse.SUPPRESS
     options = sorted(SGLANG.options)
     rng = random.Random(20261201)
     accepted = 0
-    for _ in range(3000):
+    for _ in range(1000):
         args = _random_argv(rng, options)
         try:
             namespace = parser.parse_args(args)
@@ -195,7 +195,7 @@ def test_reader_agrees_with_argparse_on_random_argvs() -> None:
             continue
         accepted += 1
         _compare(args, namespace)
-    assert accepted > 500
+    assert accepted > 200
 
 
 def test_key_names_the_action() -> None:
