@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from policies import argv
 from policies.ladders import Rung
 
 _OPTION = re.compile(r"(?:^|(?<=[\s\[|(]))(--?[A-Za-z0-9][A-Za-z0-9_.-]*)")
@@ -93,17 +94,17 @@ def _is_flag(token: str) -> bool:
     return len(token) > 1 and token[0] == "-" and (token[1].isalpha() or (token[1] == "-" and len(token) > 2))
 
 
-def _entries(argv: Sequence[str]) -> list[tuple[str | None, tuple[str, ...]]]:
-    """(flag or None for leading positionals, its values); `--flag=value` becomes (`--flag`, (value,))."""
-    entries: list[tuple[str | None, tuple[str, ...]]] = []
-    for token in argv:
-        if _is_flag(token):
-            flag, eq, value = token.partition("=")
-            entries.append((flag, (value,) if eq else ()))
-        elif entries:
-            entries[-1] = (entries[-1][0], (*entries[-1][1], token))
-        else:
-            entries.append((None, (token,)))
+def _entries(args: Sequence[str]) -> list[tuple[str | None, tuple[str, ...]]]:
+    """(flag as written or None for leading positionals, its values); `--flag=value` gives (`--flag`, (value,)).
+
+    Split as SGLang's parser splits (`policies.argv`); tokens it would reject stay with the flag before them.
+    """
+    found = argv.scan(args)
+    lead = tuple(args[: found[0].start] if found else args)
+    entries: list[tuple[str | None, tuple[str, ...]]] = [(None, lead)] if lead else []
+    for o in found:
+        explicit = (o.tokens[0].partition("=")[2],) if o.explicit else ()
+        entries.append((o.written, (*explicit, *o.tokens[1:])))
     return entries
 
 

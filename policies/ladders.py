@@ -11,9 +11,9 @@ written in TOML:
     step --flag *0.5 floor=1024 start=8192      multiply by a factor in (0, 1), never below floor
 
 `start` is the value assumed when the flag is unset. A step that is already at or below its floor
-changes nothing. Flags are matched by their exact spelling: argparse prefixes (`--mem-frac` for
-`--mem-fraction-static`, `--tp` for `--tp-size`) are NOT expanded, so write full flag names in
-`args`. Ladder keys are fault kinds, optionally qualified by an evidence tag (`crash:spec_decode`);
+changes nothing. Flags are matched as SGLang's parser reads `args` (`policies.argv`): an alias or an
+unambiguous prefix (`--mem-frac` for `--mem-fraction-static`, `--tp` for `--tp-size`) is the same flag.
+Ladder keys are fault kinds, optionally qualified by an evidence tag (`crash:spec_decode`);
 the qualified ladder wins when the diagnosis carries that tag.
 """
 
@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from policies import argv
 from policies.states import FaultKind
 
 _FLAG = re.compile(r"--[a-z0-9][a-z0-9-]*")
@@ -222,67 +223,68 @@ def select_rung(kind: str, history: Sequence[PastIncident], ladder: Ladder) -> R
     return RungChoice(index, f"{kind} repeated ({len(prior) + 1}x): rung {index}: {ladder[index - 1]}")
 
 
-# ---- argv model: entries of (flag or None for leading positionals, values, written as --flag=value)
+# ---- argv model: entries as `policies.argv` reads them (leading positionals first, as an entry without a key)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Entry:
-    flag: str | None
+    name: str | None  # the option's action key; `--no-x` for the negative of a pair; None: leading tokens
+    option: str
     values: tuple[str, ...]
-    eq: bool = False
+    tokens: tuple[str, ...]
 
 
-def _split(argv: Sequence[str]) -> list[_Entry]:
-    entries: list[_Entry] = []
-    for token in argv:
-        if token.startswith("--") and len(token) > 2:
-            flag, eq, value = token.partition("=")
-            entries.append(_Entry(flag, (value,) if eq else (), bool(eq)))
-        elif entries:
-            entries[-1].values += (token,)
-        else:
-            entries.append(_Entry(None, (token,)))
+def _new(flag: str, value: str | None = None, eq: bool = False) -> _Entry:
+    resolved = argv.SGLANG.resolve(flag)
+    spec = argv.SGLANG.options[resolved] if resolved is not None else None
+    name = flag if spec is None else (resolved if spec.negated else spec.key)
+    if value is None:
+        return _Entry(name, resolved or flag, (), (flag,))
+    return _Entry(name, resolved or flag, (value,), (f"{flag}={value}",) if eq else (flag, value))
+
+
+def _split(args: Sequence[str]) -> list[_Entry]:
+    found = argv.scan(args)
+    lead = tuple(args[: found[0].start] if found else args)
+    entries = [_Entry(None, "", lead, lead)] if lead else []
+    for o in found:
+        entries.append(_Entry(o.option if o.negated else o.key, o.option, o.values, o.tokens))
     return entries
 
 
 def _join(entries: Iterable[_Entry]) -> tuple[str, ...]:
-    out: list[str] = []
-    for e in entries:
-        if e.flag is None:
-            out += e.values
-        elif e.eq and e.values:
-            out += [f"{e.flag}={e.values[0]}", *e.values[1:]]
-        else:
-            out += [e.flag, *e.values]
-    return tuple(out)
+    return tuple(t for e in entries for t in e.tokens)
 
 
 def _effective(entries: Iterable[_Entry]) -> dict[str, tuple[str, ...]]:
-    """Flag → values of its last occurrence (what argparse keeps), in order of first appearance."""
+    """Option → values of its last occurrence (what argparse keeps), in order of first appearance."""
     seen: dict[str, tuple[str, ...]] = {}
     for e in entries:
-        if e.flag is not None:
-            seen[e.flag] = e.values
+        if e.name is not None:
+            seen[e.name] = e.values
     return seen
 
 
-def _matches(flag: str | None, pattern: str) -> bool:
-    if flag is None:
+def _matches(entry: _Entry, pattern: str) -> bool:
+    if entry.name is None:
         return False
-    return flag.startswith(pattern[:-1]) if pattern.endswith("*") else flag == pattern
+    if pattern.endswith("*"):
+        return entry.option.startswith(pattern[:-1]) or entry.name.startswith(pattern[:-1])
+    return argv.key(entry.option) == argv.key(pattern)
 
 
 def _set(entries: list[_Entry], flag: str, value: str) -> list[_Entry]:
-    first = next((i for i, e in enumerate(entries) if e.flag == flag), None)
+    name = _new(flag).name
+    first = next((i for i, e in enumerate(entries) if e.name == name), None)
     if first is None:
-        return [*entries, _Entry(flag, (value,))]
-    kept = [e for i, e in enumerate(entries) if e.flag != flag or i == first]
-    kept[first] = _Entry(flag, (value,), entries[first].eq)
+        return [*entries, _new(flag, value)]
+    kept = [e for i, e in enumerate(entries) if e.name != name or i == first]
+    kept[first] = _new(flag, value, eq="=" in entries[first].tokens[0])
     return kept
 
 
 def _step(entries: list[_Entry], op: Op) -> list[_Entry]:
-    values = _effective(entries).get(op.flag)
+    values = _effective(entries).get(str(_new(op.flag).name))
     text = values[-1] if values else None
     try:
         current = op.start if text is None else float(text)
@@ -299,9 +301,10 @@ def _step(entries: list[_Entry], op: Op) -> list[_Entry]:
 
 def _apply_op(entries: list[_Entry], op: Op) -> list[_Entry]:
     if op.verb == "add":
-        return entries if op.flag in _effective(entries) else [*entries, _Entry(op.flag, ())]
+        added = _new(op.flag)
+        return entries if added.name in _effective(entries) else [*entries, added]
     if op.verb == "remove":
-        return [e for e in entries if not _matches(e.flag, op.flag)]
+        return [e for e in entries if not _matches(e, op.flag)]
     if op.verb == "set":
         return _set(entries, op.flag, op.value)
     return _step(entries, op)

@@ -72,9 +72,12 @@ def classify(frames: list[str]) -> tuple[str | None, str | None]:
 
 async def dump(py_spy: str, pid: int, timeout_s: float) -> tuple[str, str]:
     """(stdout, error) of one `py-spy dump`; the process is killed when the budget runs out."""
-    proc = await asyncio.create_subprocess_exec(
-        py_spy, "dump", "--pid", str(pid), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            py_spy, "dump", "--pid", str(pid), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+    except OSError as exc:
+        return "", f"py-spy could not run: {exc}"
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:

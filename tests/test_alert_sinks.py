@@ -13,17 +13,19 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from pydantic import SecretStr
 from structlog.testing import capture_logs
 
 from supervisor.alerts.dispatcher import (
     AlertDispatcher,
     AlertmanagerSink,
     PagerDutySink,
-    Secret,
     SlackSink,
     TokenBucket,
     WebhookSink,
     payloads,
+    secret_from_env,
+    secret_from_file,
 )
 from supervisor.records.incident import Incident
 from supervisor.reporting.metrics import SupervisorMetrics
@@ -132,7 +134,7 @@ def dispatcher(sinks: list[Any], metrics: SupervisorMetrics, **kwargs: Any) -> A
 async def test_webhook_receiver_verifies_hmac_of_every_payload(receiver: Receiver) -> None:
     """Firing and resolved webhook bodies both carry a valid HMAC over timestamp + '.' + body."""
     metrics = SupervisorMetrics()
-    d = dispatcher([WebhookSink(Secret(receiver.url("/hook")), Secret(HMAC_KEY))], metrics)
+    d = dispatcher([WebhookSink(SecretStr(receiver.url("/hook")), SecretStr(HMAC_KEY))], metrics)
     await d.start()
     d.fire(INCIDENT)
     d.resolve(INCIDENT.resolve(recovered_at=INCIDENT.detected_at + 60, time_to_serving_s=55.0))
@@ -170,8 +172,8 @@ async def test_slack_pagerduty_alertmanager_payload_shapes(receiver: Receiver) -
     """Each sink posts its service's documented shape, for firing and resolved."""
     metrics = SupervisorMetrics()
     sinks = [
-        SlackSink(Secret(receiver.url("/slack/" + SLACK_TOKEN)), source="gpu-a1"),
-        PagerDutySink(Secret(ROUTING_KEY), url=receiver.url("/v2/enqueue"), source="gpu-a1"),
+        SlackSink(SecretStr(receiver.url("/slack/" + SLACK_TOKEN)), source="gpu-a1"),
+        PagerDutySink(SecretStr(ROUTING_KEY), url=receiver.url("/v2/enqueue"), source="gpu-a1"),
         AlertmanagerSink(receiver.url("/am"), source="gpu-a1", runbook_base="https://ops.example/runbook.md"),
     ]
     d = dispatcher(sinks, metrics)
@@ -219,7 +221,7 @@ async def test_5xx_is_retried_and_4xx_is_final(receiver: Receiver) -> None:
     """A 503 is retried until it succeeds; a 400 fails at once without a retry."""
     metrics = SupervisorMetrics()
     receiver.statuses = [503, 503, 200, 400]
-    d = dispatcher([SlackSink(Secret(receiver.url("/s")))], metrics)
+    d = dispatcher([SlackSink(SecretStr(receiver.url("/s")))], metrics)
     await d.start()
     d.fire(INCIDENT)
     await wait_for(lambda: deliveries(metrics, "slack", "ok") == 1)
@@ -242,7 +244,7 @@ def refused_url() -> str:
 async def test_dead_receiver_never_blocks_fire_and_counts_failure() -> None:
     """fire() returns before any attempt is made; connection refused ends as a counted failure."""
     metrics = SupervisorMetrics()
-    d = dispatcher([SlackSink(Secret(refused_url()))], metrics)
+    d = dispatcher([SlackSink(SecretStr(refused_url()))], metrics)
     await d.start()
     d.fire(INCIDENT)
     assert deliveries(metrics, "slack", "failed") == 0 and deliveries(metrics, "slack", "ok") == 0
@@ -259,7 +261,10 @@ async def test_slow_receiver_times_out_without_blocking_other_sinks(receiver: Re
     await fast.start()
     try:
         d = dispatcher(
-            [SlackSink(Secret(receiver.url("/slow"))), WebhookSink(Secret(fast.url("/fast")), Secret("k"))],
+            [
+                SlackSink(SecretStr(receiver.url("/slow"))),
+                WebhookSink(SecretStr(fast.url("/fast")), SecretStr("k")),
+            ],
             metrics,
             attempt_timeout_s=0.2,
             max_attempts=2,
@@ -279,7 +284,7 @@ async def test_slow_receiver_times_out_without_blocking_other_sinks(receiver: Re
 def test_full_queue_drops_and_counts() -> None:
     """Beyond queue_size, fire() drops the alert and counts it as dropped."""
     metrics = SupervisorMetrics()
-    d = AlertDispatcher([SlackSink(Secret("http://127.0.0.1:9/x"))], queue_size=1, metrics=metrics)
+    d = AlertDispatcher([SlackSink(SecretStr("http://127.0.0.1:9/x"))], queue_size=1, metrics=metrics)
     for _ in range(3):
         d.fire(INCIDENT)
     assert deliveries(metrics, "slack", "dropped") == 2
@@ -289,7 +294,7 @@ def test_full_queue_drops_and_counts() -> None:
 async def test_aclose_delivers_what_is_queued(receiver: Receiver) -> None:
     """aclose() waits for queued alerts to go out before stopping the workers."""
     metrics = SupervisorMetrics()
-    d = dispatcher([SlackSink(Secret(receiver.url("/s")))], metrics)
+    d = dispatcher([SlackSink(SecretStr(receiver.url("/s")))], metrics)
     await d.start()
     d.fire(INCIDENT)
     d.resolve(INCIDENT)
@@ -313,21 +318,21 @@ def test_secret_never_shows_in_repr_or_errors(tmp_path: Path, monkeypatch: pytes
     """Secrets load from files and env vars; reprs and load errors never show the value."""
     path = tmp_path / "key"
     path.write_text(HMAC_KEY + "\n")
-    secret = Secret.from_file(path)
-    assert secret.reveal() == HMAC_KEY
-    assert repr(secret) == str(secret) == "Secret('***')"
+    secret = secret_from_file(path)
+    assert secret.get_secret_value() == HMAC_KEY
+    assert HMAC_KEY not in repr(secret) and HMAC_KEY not in str(secret)
     monkeypatch.setenv("SGLSUP_TEST_SLACK_URL", SLACK_TOKEN)
-    assert Secret.from_env("SGLSUP_TEST_SLACK_URL").reveal() == SLACK_TOKEN
+    assert secret_from_env("SGLSUP_TEST_SLACK_URL").get_secret_value() == SLACK_TOKEN
     sinks = [
-        WebhookSink(Secret(refused_url()), secret),
-        SlackSink(Secret.from_env("SGLSUP_TEST_SLACK_URL")),
-        PagerDutySink(Secret(ROUTING_KEY)),
+        WebhookSink(SecretStr(refused_url()), secret),
+        SlackSink(secret_from_env("SGLSUP_TEST_SLACK_URL")),
+        PagerDutySink(SecretStr(ROUTING_KEY)),
     ]
     for sink in sinks:
         assert HMAC_KEY not in repr(sink) and SLACK_TOKEN not in repr(sink) and ROUTING_KEY not in repr(sink)
     monkeypatch.delenv("SGLSUP_TEST_SLACK_URL")
     with pytest.raises(ValueError, match="SGLSUP_TEST_SLACK_URL") as missing:
-        Secret.from_env("SGLSUP_TEST_SLACK_URL")
+        secret_from_env("SGLSUP_TEST_SLACK_URL")
     assert SLACK_TOKEN not in str(missing.value)
 
 
@@ -340,10 +345,10 @@ async def test_nothing_secret_in_logs(receiver: Receiver, caplog: pytest.LogCapt
     with capture_logs() as logs:
         d = dispatcher(
             [
-                SlackSink(Secret(receiver.url("/slack/" + SLACK_TOKEN))),
-                SlackSink(Secret(refused_url()), name="slack-dead"),
-                PagerDutySink(Secret(ROUTING_KEY), url=receiver.url("/v2/enqueue")),
-                WebhookSink(Secret(receiver.url("/hook/" + SLACK_TOKEN)), Secret(HMAC_KEY)),
+                SlackSink(SecretStr(receiver.url("/slack/" + SLACK_TOKEN))),
+                SlackSink(SecretStr(refused_url()), name="slack-dead"),
+                PagerDutySink(SecretStr(ROUTING_KEY), url=receiver.url("/v2/enqueue")),
+                WebhookSink(SecretStr(receiver.url("/hook/" + SLACK_TOKEN)), SecretStr(HMAC_KEY)),
             ],
             metrics,
         )

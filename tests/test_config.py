@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from policies.pd import Role
-from supervisor.config import ConfigError, arg_value, load_config, read_secret
+from supervisor.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD = sorted((ROOT / "tests" / "configs" / "bad").glob("*.toml"))
@@ -223,16 +223,6 @@ def test_ladder_override_replaces_only_its_key(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
-def test_read_secret_from_file_or_env(tmp_path: Path) -> None:
-    """Secrets come stripped from a file, or from the named environment variable."""
-    secret = tmp_path / "token"
-    secret.write_text("s3cret\n")
-    assert read_secret(secret, "", {}) == "s3cret"
-    assert read_secret(None, "TOKEN", {"TOKEN": "t"}) == "t"
-    assert read_secret(None, "", {}) is None
-
-
-@pytest.mark.unit
 def test_secret_file_sinks_are_checked_to_exist(tmp_path: Path) -> None:
     """A webhook url_file that exists passes; both file and env at once is an error."""
     (tmp_path / "url").write_text("https://x\n")
@@ -246,9 +236,14 @@ def test_secret_file_sinks_are_checked_to_exist(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
-def test_arg_value_reads_both_spellings() -> None:
-    """arg_value finds `--flag value` and `--flag=value`, last occurrence first, None when absent."""
-    args = ["--port", "1", "--port=2", "--flag"]
-    assert arg_value(args, ["--port"]) == "2"
-    assert arg_value(args, ["--flag"]) == ""
-    assert arg_value(args, ["--nope"]) is None
+def test_args_are_read_as_sglang_reads_them(tmp_path: Path) -> None:
+    """Abbreviations and aliases count; a switch right after `--port` leaves it without a value: an error."""
+    args = '"--model", "m", "--port", "31000", "--port=31002", "--mem-frac", "0.8", "--enable-dp-attention"'
+    server = load_config(write(tmp_path, args=args), env={}).servers[0]
+    assert (server.model_path, server.http_port, server.arg("--mem-fraction-static")) == ("m", 31002, "0.8")
+    bad = write(tmp_path, args='"--model-path", "m", "--port", "--enable-metrics"')
+    with pytest.raises(ConfigError) as info:
+        load_config(bad, env={})
+    assert [(e.path, e.value, e.allowed) for e in info.value.errors] == [
+        ("servers[0].args", "", "--port takes a positive integer")
+    ]

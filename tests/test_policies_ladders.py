@@ -189,12 +189,21 @@ def test_step_respects_its_floor() -> None:
 
 
 @pytest.mark.unit
-def test_argparse_prefixes_are_not_expanded() -> None:
-    """`--mem-frac` is not taken for `--mem-fraction-static`: the full flag is added beside it."""
-    argv, _ = apply_rungs(
+def test_argparse_prefixes_and_aliases_are_the_same_flag() -> None:
+    """`--mem-frac 0.7` is `--mem-fraction-static 0.7` to SGLang: the step starts from 0.7 and rewrites it."""
+    argv, diff = apply_rungs(
         ["--mem-frac", "0.7"], [rung("step --mem-fraction-static -0.05 floor=0.5 start=0.88")]
     )
-    assert argv == ("--mem-frac", "0.7", "--mem-fraction-static", "0.83")
+    assert argv == ("--mem-fraction-static", "0.65")
+    assert diff.lines() == ("~--mem-fraction-static 0.7 → 0.65",)
+    added, _ = apply_rungs(["--disable-overlap", "--tp", "2"], [rung("add --disable-overlap-schedule")])
+    assert added == ("--disable-overlap", "--tp", "2")
+    removed, _ = apply_rungs(
+        ["--speculative-draft-model", "d", "--port", "1"], [rung("remove --speculative-*")]
+    )
+    assert removed == ("--port", "1")
+    flipped, _ = apply_rungs(["--no-enable-tf32-matmul"], [rung("add --enable-tf32-matmul")])
+    assert flipped == ("--no-enable-tf32-matmul", "--enable-tf32-matmul")
 
 
 @pytest.mark.unit

@@ -5,7 +5,7 @@ queue drops and counts). A worker task per sink rate-limits, posts with a per-at
 network errors, timeouts, 408, 429 and 5xx with exponential backoff and jitter (tenacity); other 4xx are
 final. Every outcome is counted in `sglang_supervisor_alert_deliveries_total{sink,outcome}`.
 
-The sinks and `Secret` live in `alert_payloads` and are re-exported here: import them from this module.
+The sinks and the secret readers live in `payloads` and are re-exported here: import them from this module.
 Log lines and errors name the sink, never a URL or key.
 """
 
@@ -27,9 +27,10 @@ from supervisor.alerts.payloads import (
     AlertmanagerSink,
     AlertSink,
     PagerDutySink,
-    Secret,
     SlackSink,
     WebhookSink,
+    secret_from_env,
+    secret_from_file,
     verify_signature,
 )
 from supervisor.records.incident import Incident
@@ -41,10 +42,11 @@ __all__ = [
     "AlertmanagerSink",
     "DeliveryError",
     "PagerDutySink",
-    "Secret",
     "SlackSink",
     "TokenBucket",
     "WebhookSink",
+    "secret_from_env",
+    "secret_from_file",
     "verify_signature",
 ]
 
@@ -246,7 +248,7 @@ class AlertDispatcher:
             async with (
                 asyncio.timeout(self._timeout_s),
                 self._session.post(
-                    req.url.reveal(), data=req.body, headers=req.headers, allow_redirects=False
+                    req.url.get_secret_value(), data=req.body, headers=req.headers, allow_redirects=False
                 ) as resp,
             ):
                 await resp.content.read(_MAX_RESPONSE_BYTES)

@@ -1,15 +1,18 @@
-"""Build the alert sinks and dispatcher from the `[alerts]` config; secrets only ever as `Secret`."""
+"""Build the alert sinks and dispatcher from the `[alerts]` config; secrets only ever as `SecretStr`."""
 
 from __future__ import annotations
+
+from pydantic import SecretStr
 
 from supervisor.alerts.dispatcher import (
     AlertDispatcher,
     AlertmanagerSink,
     AlertSink,
     PagerDutySink,
-    Secret,
     SlackSink,
     WebhookSink,
+    secret_from_env,
+    secret_from_file,
 )
 from supervisor.config import AlertsConfig
 from supervisor.reporting.metrics import SupervisorMetrics
@@ -17,11 +20,11 @@ from supervisor.reporting.metrics import SupervisorMetrics
 RUNBOOK_BASE = "runbook.md"  # alerts link to runbook.md#<fault-kind>
 
 
-def _secret(file: object, env: str, what: str) -> Secret:
+def _secret(file: object, env: str, what: str) -> SecretStr:
     if file:
-        return Secret.from_file(str(file))
+        return secret_from_file(str(file))
     if env:
-        return Secret.from_env(env)
+        return secret_from_env(env)
     raise ValueError(f"{what}: set a *_file or *_env")
 
 

@@ -1,8 +1,8 @@
-"""Alert sinks: what each one sends, the HMAC signature of the generic webhook, and `Secret`.
+"""Alert sinks: what each one sends, the HMAC signature of the generic webhook, and reading their secrets.
 
 Payload builders are pure functions: an `Incident` and a status (`firing` or `resolved`) in, JSON-ready data
 out. Each sink turns them into one `SinkRequest`; `supervisor.alerts.dispatcher.AlertDispatcher` sends it. Secrets
-(webhook URLs with tokens, routing keys, HMAC keys) travel as `Secret`, whose repr is `Secret('***')`.
+(webhook URLs with tokens, routing keys, HMAC keys) travel as pydantic's `SecretStr`, whose repr hides the value.
 
 Generic webhook signature
 -------------------------
@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from pydantic import SecretStr
 
 from supervisor.records.incident import Incident
 
@@ -211,49 +213,31 @@ def verify_signature(
     return hmac.compare_digest(expected, header.encode("utf-8", "replace"))
 
 
-class Secret:
-    """A credential whose value never shows in reprs, logs or exception messages."""
+def secret_from_file(path: str | Path) -> SecretStr:
+    """Read a secret file (e.g. under `$CREDENTIALS_DIRECTORY`), surrounding whitespace stripped."""
+    with Path(path).open("rb") as f:
+        data = f.read(_MAX_SECRET_BYTES + 1)
+    if len(data) > _MAX_SECRET_BYTES or not data.strip():
+        raise ValueError(f"secret file {path} is empty or larger than {_MAX_SECRET_BYTES} bytes")
+    try:
+        return SecretStr(data.decode("utf-8").strip())
+    except UnicodeDecodeError:
+        raise ValueError(f"secret file {path} is not UTF-8 text") from None
 
-    __slots__ = ("_value",)
 
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        """The secret value; call only where it is put on the wire."""
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('***')"
-
-    __str__ = __repr__
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> Secret:
-        """Read a secret file (e.g. under `$CREDENTIALS_DIRECTORY`), surrounding whitespace stripped."""
-        with Path(path).open("rb") as f:
-            data = f.read(_MAX_SECRET_BYTES + 1)
-        if len(data) > _MAX_SECRET_BYTES or not data.strip():
-            raise ValueError(f"secret file {path} is empty or larger than {_MAX_SECRET_BYTES} bytes")
-        try:
-            return cls(data.decode("utf-8").strip())
-        except UnicodeDecodeError:
-            raise ValueError(f"secret file {path} is not UTF-8 text") from None
-
-    @classmethod
-    def from_env(cls, name: str) -> Secret:
-        """Read a secret from an environment variable."""
-        value = os.environ.get(name, "").strip()
-        if not value:
-            raise ValueError(f"environment variable {name} is not set or empty")
-        return cls(value)
+def secret_from_env(name: str) -> SecretStr:
+    """Read a secret from an environment variable."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise ValueError(f"environment variable {name} is not set or empty")
+    return SecretStr(value)
 
 
 @dataclass(frozen=True)
 class SinkRequest:
     """One HTTP POST a sink wants sent."""
 
-    url: Secret
+    url: SecretStr
     body: bytes = field(repr=False)
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -265,7 +249,7 @@ def _json(data: Any) -> bytes:
 class AlertSink(ABC):
     """Turns an incident and a status (`firing`/`resolved`) into one HTTP request."""
 
-    def __init__(self, name: str, url: Secret, runbook_base: str, source: str | None) -> None:
+    def __init__(self, name: str, url: SecretStr, runbook_base: str, source: str | None) -> None:
         self.name = name
         self.runbook_base = runbook_base
         self.source = source or socket.gethostname()
@@ -291,8 +275,8 @@ class WebhookSink(AlertSink):
 
     def __init__(
         self,
-        url: Secret,
-        hmac_key: Secret,
+        url: SecretStr,
+        hmac_key: SecretStr,
         *,
         name: str = "webhook",
         runbook_base: str = "runbook.md",
@@ -310,7 +294,7 @@ class WebhookSink(AlertSink):
             {
                 "Content-Type": "application/json",
                 TIMESTAMP_HEADER: timestamp,
-                SIGNATURE_HEADER: sign(self._key.reveal().encode(), timestamp, body),
+                SIGNATURE_HEADER: sign(self._key.get_secret_value().encode(), timestamp, body),
             },
         )
 
@@ -319,7 +303,12 @@ class SlackSink(AlertSink):
     """Slack incoming webhook (the URL is the secret); a resolve posts a RESOLVED message."""
 
     def __init__(
-        self, url: Secret, *, name: str = "slack", runbook_base: str = "runbook.md", source: str | None = None
+        self,
+        url: SecretStr,
+        *,
+        name: str = "slack",
+        runbook_base: str = "runbook.md",
+        source: str | None = None,
     ) -> None:
         super().__init__(name, url, runbook_base, source)
 
@@ -334,18 +323,18 @@ class PagerDutySink(AlertSink):
 
     def __init__(
         self,
-        routing_key: Secret,
+        routing_key: SecretStr,
         *,
         url: str = EVENTS_URL,
         name: str = "pagerduty",
         runbook_base: str = "runbook.md",
         source: str | None = None,
     ) -> None:
-        super().__init__(name, Secret(url), runbook_base, source)
+        super().__init__(name, SecretStr(url), runbook_base, source)
         self._key = routing_key
 
     def request(self, incident: Incident, status: str, now: float) -> SinkRequest:
-        key = self._key.reveal()
+        key = self._key.get_secret_value()
         return self._json_request(
             pagerduty_payload(incident, status, key, self.runbook(incident), self.source)
         )
@@ -367,7 +356,7 @@ class AlertmanagerSink(AlertSink):
         runbook_base: str = "runbook.md",
         source: str | None = None,
     ) -> None:
-        super().__init__(name, Secret(base_url.rstrip("/") + "/api/v2/alerts"), runbook_base, source)
+        super().__init__(name, SecretStr(base_url.rstrip("/") + "/api/v2/alerts"), runbook_base, source)
         self._ttl_s = firing_ttl_s
 
     def request(self, incident: Incident, status: str, now: float) -> SinkRequest:

@@ -62,8 +62,8 @@ def sweep_shm(
     return removed
 
 
-def ports_free(host: str, ports: Sequence[int]) -> list[int]:
-    """The ports of ``ports`` that are NOT free on ``host`` (a bind with SO_REUSEADDR fails)."""
+def busy_ports(host: str, ports: Sequence[int]) -> list[int]:
+    """The ports of ``ports`` still in use on ``host`` (a bind with SO_REUSEADDR fails)."""
     return [port for port in ports if not _bindable(host, port)]
 
 
@@ -71,7 +71,7 @@ def wait_ports_free(host: str, ports: Sequence[int], deadline_s: float) -> Ports
     """Poll until every port can be bound again, or report which are still held and by which PID."""
     start = time.monotonic()
     while True:
-        busy = ports_free(host, ports)
+        busy = busy_ports(host, ports)
         elapsed = time.monotonic() - start
         if not busy:
             return PortsResult(True, "ports free", (), elapsed)

@@ -11,7 +11,6 @@ import asyncio
 import json
 import re
 import shutil
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,12 +19,13 @@ from typing import Any
 
 import structlog
 
+from policies.argv import redact
+from probes.stacks import dump, py_spy_path
 from supervisor.config import SupervisorConfig
 from supervisor.records.incident import Incident
 
 log = structlog.get_logger()
 SECRET_KEY = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE|AUTH", re.IGNORECASE)
-SECRET_FLAGS = ("--api-key", "--admin-api-key")
 BUDGET_S = 10.0
 KEEP_BUNDLES = 50
 KEEP_BYTES = 512 * 2**20
@@ -37,53 +37,13 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
     return {k: ("***" if SECRET_KEY.search(k) else v) for k, v in env.items()}
 
 
-def redact_argv(argv: list[str]) -> list[str]:
-    """Values of secret flags (`--api-key X`, `--api-key=X`) replaced by `***`."""
-    out: list[str] = []
-    hide = False
-    for arg in argv:
-        if hide:
-            out.append("***")
-            hide = False
-            continue
-        flag = arg.split("=", 1)[0]
-        if flag in SECRET_FLAGS:
-            if "=" in arg:
-                out.append(f"{flag}=***")
-            else:
-                out.append(arg)
-                hide = True
-            continue
-        out.append(arg)
-    return out
-
-
-def py_spy() -> str:
-    """py-spy next to our interpreter (the venv), else on PATH."""
-    local = Path(sys.executable).with_name("py-spy")
-    return str(local) if local.exists() else (shutil.which("py-spy") or "py-spy")
-
-
 async def dump_stack(pid: int, timeout_s: float) -> str:
-    """`py-spy dump --pid P`, bounded in time and size; the error text when it fails."""
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            py_spy(),
-            "dump",
-            "--pid",
-            str(pid),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-    except OSError as exc:
-        return f"py-spy could not run: {exc}"
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        return f"py-spy dump of pid {pid} timed out after {timeout_s:.0f}s"
-    return out[: 1 << 20].decode(errors="replace")
+    """`py-spy dump --pid P` (the stacks probe's runner), bounded in time and size; the error text on failure."""
+    tool = py_spy_path()
+    if tool is None:
+        return "py-spy not found"
+    text, error = await dump(tool, pid, timeout_s)
+    return text or f"py-spy dump of pid {pid} failed: {error}"
 
 
 def _safe(title: str) -> str:
@@ -130,9 +90,7 @@ async def capture(
         gpus = {"error": str(exc)}
     (bundle / "gpus.json").write_text(json.dumps(gpus, indent=1, default=str))
     (bundle / "argv-env.json").write_text(
-        json.dumps(
-            {"argv": redact_argv(list(evidence.argv)), "env": redact_env(dict(evidence.env))}, indent=1
-        )
+        json.dumps({"argv": redact(evidence.argv), "env": redact_env(dict(evidence.env))}, indent=1)
     )
     files += ["log-tail.txt", "probes.json", "gpus.json", "argv-env.json"]
     summary = {

@@ -97,11 +97,6 @@ class GpuBackend(Protocol):
     def snapshot(self, gpus: Sequence[int]) -> list[GpuSample]: ...
 
 
-def device_paths(gpus: Sequence[int]) -> list[Path]:
-    """The per-GPU device nodes ``/dev/nvidia{N}`` (never the shared nvidiactl / nvidia-uvm)."""
-    return [Path(f"/dev/nvidia{n}") for n in gpus]
-
-
 def open_holders(paths: Sequence[Path], include_maps: bool = False) -> dict[Path, set[int]]:
     """PIDs with an fd (or, with ``include_maps``, a mapping) on each path, from a ``/proc`` scan."""
     wanted = {os.path.realpath(p): Path(p) for p in paths}

@@ -137,11 +137,6 @@ class Launched:
             start = max(cursor, first) - first
             return list(self._ring)[start:], self._count
 
-    @property
-    def log_error(self) -> str | None:
-        """Why the log file stopped being written (disk full, …), if it did; the ring keeps going."""
-        return self._log.error
-
     def returncode(self) -> int | None:
         """Exit status (negative = killed by that signal), or None while it runs. Reaps the process."""
         return self._proc.poll()

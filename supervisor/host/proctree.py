@@ -7,11 +7,10 @@ found by reading ``/proc/<pid>/environ``. Nothing here signals anything.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,28 +264,6 @@ def poll_tree(
     """Take a snapshot and say what changed; the daemon calls this every ≤ 0.5 s."""
     current = snapshot(main_pid, run_id, expected_titles, previous)
     return current, changes(previous, current)
-
-
-async def watch_exits(
-    snapshot_fn: Callable[[], TreeSnapshot],
-    on_change: Callable[[TreeSnapshot, list[TreeEvent]], Awaitable[None] | None],
-    stop: asyncio.Event,
-    interval_s: float = 0.25,
-) -> None:
-    """Poll ``snapshot_fn`` (in a thread) every ``interval_s`` until ``stop`` is set; report changes."""
-    previous: TreeSnapshot | None = None
-    while not stop.is_set():
-        current = await asyncio.to_thread(snapshot_fn)
-        events = changes(previous, current)
-        if events:
-            result = on_change(current, events)
-            if result is not None:
-                await result
-        previous = current
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=interval_s)
-        except TimeoutError:
-            continue
 
 
 def _rank_state(title: str, pid: int | None, known_pid: int | None) -> RankState:

@@ -39,8 +39,8 @@ class ReleaseReport:
         }
 
 
-def extra_ports(cfg: ServerConfig) -> list[int]:
-    """Ports the server must find free before a launch: its HTTP port, the configured extra ports."""
+def owned_ports(cfg: ServerConfig) -> list[int]:
+    """The ports the server owns and must find free before a launch: its HTTP port and `ports`."""
     return sorted({cfg.http_port, *cfg.ports})
 
 
@@ -97,7 +97,7 @@ async def stop_and_release(
         return _fail(report, f"GPUs not free: {verified.reason}")
     t2 = time.monotonic()
     ports = await asyncio.to_thread(
-        cleanup.wait_ports_free, "127.0.0.1", extra_ports(cfg), sup.release_deadline_s
+        cleanup.wait_ports_free, "127.0.0.1", owned_ports(cfg), sup.release_deadline_s
     )
     report.steps["verify_ports_free"] = time.monotonic() - t2
     if not ports.ok:

@@ -14,10 +14,10 @@ from typing import Any
 
 import structlog
 
+from policies.argv import redact as redact_argv
 from policies.diagnose import Fault
 from policies.plan import Plan
 from supervisor.alerts.dispatcher import AlertDispatcher
-from supervisor.host.forensics import redact_argv
 from supervisor.records.incident import Incident
 from supervisor.records.journal import IncidentJournal
 from supervisor.reporting.metrics import SupervisorMetrics

@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from policies.argv import redact as redact_argv
 from policies.flagcompat import FlagSet, check_ladders, express_argv, rejected
 from policies.ladders import Rung, apply_rungs
 from policies.parsers_table import ExpectedParsers
@@ -26,7 +27,6 @@ from policies.plan import PARSER_KEY, build_argv, parser_ladder
 from policies.states import ServerState, check_transition, resume_target
 from supervisor.config import Config, ServerConfig
 from supervisor.host.flaghelp import HelpUnavailable
-from supervisor.host.forensics import redact_argv
 from supervisor.host.launcher import SpawnFailed
 from supervisor.loop import recovery
 from supervisor.loop.clock import Clock

@@ -86,9 +86,9 @@ class StatusServer:
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.host, self.port)
         await site.start()
-        server = getattr(site, "_server", None)
-        if server is not None and server.sockets:
-            self.port = int(server.sockets[0].getsockname()[1])
+        addresses = self.runner.addresses
+        if addresses:
+            self.port = int(addresses[0][1])
             self.url = f"http://{self.host}:{self.port}"
 
     async def stop(self) -> None:

@@ -43,7 +43,7 @@ def test_ports_held_then_freed() -> None:
     listener.listen()
     port = listener.getsockname()[1]
     try:
-        assert cleanup.ports_free("127.0.0.1", [port]) == [port]
+        assert cleanup.busy_ports("127.0.0.1", [port]) == [port]
         held = cleanup.wait_ports_free("127.0.0.1", [port], deadline_s=0.1)
         assert not held.ok and held.busy == (port,) and str(port) in held.reason
     finally:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 from collections.abc import Callable
@@ -83,25 +82,3 @@ def test_main_death_is_seen_by_the_first_poll_after_it(start_tree: Callable[...,
     assert not after.main_alive
     assert TreeEvent("main_exited", tree.main) in events
     assert set(tree.ranks.values()) <= {p.pid for p in after.marked}
-
-
-@pytest.mark.process
-async def test_watch_exits_reports_main_sigkill(start_tree: Callable[..., Tree]) -> None:
-    """The asyncio exit watcher calls on_change with main_exited after main is SIGKILLed."""
-    tree = start_tree("--ranks", "2")
-    stop = asyncio.Event()
-    noticed: asyncio.Queue[list[TreeEvent]] = asyncio.Queue()
-
-    def on_change(_snap: TreeSnapshot, events: list[TreeEvent]) -> None:
-        noticed.put_nowait(events)
-
-    watcher = asyncio.create_task(
-        proctree.watch_exits(lambda: proctree.snapshot(tree.main, tree.run_id), on_change, stop, 0.05)
-    )
-    try:
-        os.kill(tree.main, signal.SIGKILL)
-        events = await asyncio.wait_for(noticed.get(), timeout=10)
-        assert events == [TreeEvent("main_exited", tree.main)]
-    finally:
-        stop.set()
-        await asyncio.wait_for(watcher, timeout=10)
