@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from policies import argv as argv_reader
 from policies.backoff import RestartParams, decide_restart, is_stable
 from policies.diagnose import DiagnoseContext, Fault, diagnose
 from policies.ladders import Ladder, PastIncident, ladder_key
@@ -206,7 +207,7 @@ class PlanFacts:
     """What a recovery plan depends on beyond the fault itself."""
 
     role: str
-    argv: tuple[str, ...]
+    args: tuple[str, ...]  # SGLang's args of the current launch (the command excluded)
     restarts: tuple[float, ...]  # monotonic times of the restarts of the current streak
     serving_since: float | None
     restart: RestartParams
@@ -225,10 +226,10 @@ class Recovery:
     streak_over: bool
 
 
-def tags(fault: Fault, argv: Sequence[str]) -> list[str]:
+def tags(fault: Fault, args: Sequence[str]) -> list[str]:
     """Evidence tags that pick a ladder variant: from the diagnosis, the argv, the evidence text."""
     found = [str(t) for t in fault.evidence.get("tags", ()) if isinstance(t, str)]
-    if any(a == "--speculative-algorithm" or a.startswith("--speculative-algorithm=") for a in argv):
+    if argv_reader.value(args, "--speculative-algorithm"):
         found.append("spec_decode")
     if "illegal memory access" in str(fault.evidence).lower():
         found.append("illegal_memory_access")
@@ -247,7 +248,7 @@ def plan(fault: Fault, facts: PlanFacts, now: float) -> Recovery:
     elif kind is FaultKind.PARSER_MISCONFIG:
         key = PARSER_KEY
     else:
-        key = ladder_key(kind, tags(fault, facts.argv), facts.ladders)
+        key = ladder_key(kind, tags(fault, facts.args), facts.ladders)
     if not fault.restart and kind is not FaultKind.STREAM_LEAK:
         alert = Plan("alert", "alert only: canary_mode is advisory", levels=facts.levels, page=False)
         return Recovery(alert, streak_over)

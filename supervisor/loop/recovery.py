@@ -62,7 +62,7 @@ def spawn_failure(loop: ServerLoop, failed: SpawnFailed) -> Outcome:
 def _facts(loop: ServerLoop) -> PlanFacts:
     return PlanFacts(
         role=loop.cfg.role.value,
-        argv=loop.argv,
+        args=loop.argv[len(loop.cfg.command) :],
         restarts=tuple(loop.restarts),
         serving_since=loop.serving_since,
         restart=loop.svc.config.supervisor.restart,

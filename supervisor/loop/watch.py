@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from policies import argv
 from policies.model import (
     CANARY_PROBES,
     Observation,
@@ -55,15 +56,9 @@ def probe_settings(loop: ServerLoop) -> ProbeSettings:
     )
 
 
-def model_name(argv: tuple[str, ...], fallback: str | None) -> str:
-    """The model name requests must carry: the last `--served-model-name`, else `--model-path`."""
-    found: str | None = None
-    for i, a in enumerate(argv):
-        if a == "--served-model-name" and i + 1 < len(argv):
-            found = argv[i + 1]
-        elif a.startswith("--served-model-name="):
-            found = a.split("=", 1)[1]
-    return found or fallback or "default"
+def model_name(args: tuple[str, ...], fallback: str | None) -> str:
+    """The model name requests must carry: `--served-model-name` (as argparse reads it), else `--model-path`."""
+    return argv.value(args, "--served-model-name") or fallback or "default"
 
 
 class Watch:
@@ -136,7 +131,7 @@ class Watch:
             role=loop.cfg.role.value,
             base_url=base,
             canary_url=self._canary_url(base),
-            model=model_name(loop.argv, loop.cfg.model_path),
+            model=model_name(loop.argv[len(loop.cfg.command) :], loop.cfg.model_path),
             settings=probe_settings(loop),
             tree=self.tree_view,
             gpu=loop.svc.host.gpu_reader(loop.cfg.gpus),

@@ -113,7 +113,7 @@ def _facts(**kw: object) -> PlanFacts:
         )
 
     base: dict[str, object] = {
-        "role": "unified", "argv": (), "restarts": (), "serving_since": None, "restart": Restart(),
+        "role": "unified", "args": (), "restarts": (), "serving_since": None, "restart": Restart(),
         "jitter": 0.5, "history": (), "levels": {}, "ladders": {}, "parser_policy": "fix",
     }  # fmt: skip
     base.update(kw)
