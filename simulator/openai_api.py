@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.families import ChatRequest
-from simulator.parsing import ParsedMessage
+from simulator.parsers.base import ParsedMessage
 
 DEFAULT_MAX_TOKENS = 2048
 _DEFAULT_MODEL = "default"

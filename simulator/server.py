@@ -21,7 +21,7 @@ from simulator.families import ChatRequest, detect_family, generate_chat, genera
 from simulator.faults import FaultBook, ScenarioError, make_fault
 from simulator.logs import log
 from simulator.openai_api import ApiError, chat_chunk, chat_completion, parse_chat_request, usage_chunk
-from simulator.parsing import StreamParser, chunk_tokens, parse_complete
+from simulator.parsers.chat import StreamParser, chunk_tokens, parse_complete
 from simulator.sim_metrics import SimMetrics
 
 MAX_BODY = 32 * 1024 * 1024

@@ -17,7 +17,7 @@ from simulator.openai_api import (
     parse_chat_request,
     usage_chunk,
 )
-from simulator.parsing import StreamParser, chunk_tokens, parse_complete
+from simulator.parsers.chat import StreamParser, chunk_tokens, parse_complete
 
 SERVED = "sim/model"
 

@@ -11,7 +11,8 @@ import pytest
 from sim_data import MODELS, TOOLS
 
 from simulator.families import ChatRequest, generate_chat
-from simulator.parsing import ParsedMessage, StreamParser, chunk_tokens, parse_complete
+from simulator.parsers.base import ParsedMessage
+from simulator.parsers.chat import StreamParser, chunk_tokens, parse_complete
 
 # Leak signatures of parsers.md §4, one per family's tool markup.
 LEAK = {

@@ -15,7 +15,7 @@ import pytest
 from real_sglang import run_real_script
 
 from simulator.families import ChatRequest, generate_chat
-from simulator.parsing import StreamParser, chunk_tokens, parse_complete
+from simulator.parsers.chat import StreamParser, chunk_tokens, parse_complete
 
 pytestmark = pytest.mark.real
 
