@@ -1,4 +1,7 @@
-"""The main process: spawn the ranks, load, serve, and shut down or crash the way SGLang does."""
+"""The main process: spawn the ranks, wait for them to load, serve, warm up and declare the server ready.
+
+Shutting down and crashing (SIGTERM drain, SIGQUIT teardown, the subprocess watchdog) are in `simulator.teardown`.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +16,10 @@ import threading
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
 import aiohttp
-import psutil
 from aiohttp import web
 
 from simulator import gpus
@@ -30,43 +31,7 @@ from simulator.logs import log, rank_prefix, scheduler_title, uvicorn
 from simulator.ranks import RankSpec, detokenizer_main, dp_controller_main, scheduler_main
 from simulator.server import IDENTITY, ServerState, SimServer
 from simulator.sim_metrics import SimMetrics
-
-SHM_PATTERNS = ("sgl_shm_*", "psm_*", "sem.mp-*")
-
-
-def shm_dir() -> Path:
-    """The stand-in for /dev/shm."""
-    return Path(os.environ.get("SGLANG_SIM_SHM_DIR") or gpus.state_dir() / "shm")
-
-
-def shm_used_mb() -> float:
-    """Apparent size of SGLang's shared-memory files."""
-    total = 0
-    for pattern in SHM_PATTERNS:
-        for path in shm_dir().glob(pattern):
-            with contextlib.suppress(OSError):
-                total += path.stat().st_size
-    return total / 2**20
-
-
-def leak_shm(count: int = 40, size_mb: int = 2) -> None:
-    """A crash that leaves `sgl_shm_mm_*` segments behind (sparse files)."""
-    shm_dir().mkdir(parents=True, exist_ok=True)
-    for i in range(count):
-        with open(shm_dir() / f"sgl_shm_mm_{os.getpid()}_{i}", "wb") as fh:
-            fh.truncate(size_mb * 2**20)
-
-
-def kill_tree(include_parent: bool, exit_code: int = 0) -> NoReturn:
-    """SGLang's kill_process_tree: SIGKILL every descendant still in the tree, then the parent."""
-    me = psutil.Process()
-    log(f"kill_process_tree called: parent_pid={me.pid}, include_parent={include_parent}, pid={me.pid}")
-    for child in me.children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-    if include_parent:
-        os.kill(me.pid, signal.SIGKILL)
-    os._exit(exit_code)
+from simulator.teardown import Crash, kill_tree, shm_used_mb
 
 
 class Launch:
@@ -249,13 +214,6 @@ class Launch:
             gpus.publish([gpus.sample(g, load, self.rng) for g in self.gpus], self._new_xids())
 
 
-def _is_scheduler(proc: psutil.Process) -> bool:
-    try:
-        return " ".join(proc.cmdline()).startswith("sglang::scheduler")
-    except psutil.Error:
-        return False
-
-
 def _engine_type(args: SimServerArgs) -> str:
     mode = str(args.disaggregation_mode or "null")
     return mode if mode in ("prefill", "decode") else "unified"
@@ -383,104 +341,3 @@ async def warmup(launch: Launch, server: SimServer) -> None:
         log("End of disaggregation warmup")
     launch.state.status = "Up"
     log("The server is fired up and ready to roll!")
-
-
-class Crash:
-    """SIGTERM drain, SIGQUIT teardown and the subprocess watchdog of the main process."""
-
-    def __init__(self, launch: Launch) -> None:
-        self.launch = launch
-        self.tearing_down = False
-
-    def fatal(self, how: str) -> None:
-        """A main-process component failed: "sigquit" tears down like a child failure, "exit" dies at once."""
-        if how == "exit":
-            self._leak_if_armed()
-            kill_tree(include_parent=False, exit_code=1)
-        os.kill(os.getpid(), signal.SIGQUIT)
-
-    def _leak_if_armed(self) -> None:
-        if self.launch.faults.get("dev_shm_crashloop") is not None:
-            leak_shm()
-
-    def sigterm(self) -> None:
-        """Drain (no deadline: wedged requests keep it draining forever), then exit."""
-        if self.launch.state.gracefully_exit:
-            return
-        log(f"SIGTERM received. signum={signal.SIGTERM} frame=None. Draining requests and shutting down...")
-        self.launch.state.gracefully_exit = True
-        asyncio.get_running_loop().create_task(self._drain())
-
-    async def _drain(self) -> None:
-        engine = self.launch.engine
-        while True:
-            if self.launch.state.status == "UnHealthy":
-                log("Signal SIGTERM received while health check failed. Force exiting.")
-                self._crash_dump()
-                break
-            remaining = engine.load if engine else 0
-            if remaining == 0:
-                break
-            log(
-                f"Gracefully exiting... Remaining number of requests {remaining}. Remaining requests remaining_rids=[...]."
-            )
-            await asyncio.sleep(5)
-        for conn in [*self.launch.conns, self.launch.detok_conn]:
-            with contextlib.suppress(OSError, ValueError):
-                conn.send({"op": "shutdown"})
-        if engine:
-            engine.stop()
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(p.is_alive() for _, p in self.launch.children):
-            await asyncio.sleep(0.1)
-        self.launch.marker.unlink(missing_ok=True)
-        self.launch.publish_stopped()
-        kill_tree(include_parent=True)
-
-    def sigquit(self) -> None:
-        """Running-phase SIGQUIT: crash diagnostics (blocking the event loop, as SGLang does), then kill the tree."""
-        if self.tearing_down:
-            return
-        self.tearing_down = True
-        log(f"SIGQUIT received. signum={signal.SIGQUIT}, frame=None. It usually means one child failed.")
-        self._crash_dump()
-        self._leak_if_armed()
-        self.launch.publish_stopped()
-        kill_tree(include_parent=True)
-
-    def _crash_dump(self) -> None:
-        def enabled(name: str) -> bool:
-            return os.environ.get(name, "true").strip().lower() not in ("0", "false", "no", "off")
-
-        pyspy, coredump = (
-            enabled("SGLANG_PYSPY_DUMP_BEFORE_CRASH"),
-            enabled("SGLANG_CUDA_COREDUMP_BEFORE_CRASH"),
-        )
-        if not (pyspy or coredump):
-            return
-        log("Sleeping 5 seconds before crash diagnostics to let GPU activity settle.")
-        time.sleep(5)
-        live = [p for p in psutil.Process().children(recursive=True) if _is_scheduler(p)]
-        if not live:
-            log("No live scheduler processes found; skipping py-spy and CUDA coredump.")
-            return
-        for proc in live if pyspy else []:
-            log(f"Pyspy dump for PID {proc.pid}")
-        if coredump:
-            wait = float(os.environ.get("SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS", "60"))
-            log(f"Waiting {wait} seconds for CUDA coredumps before exiting.")
-            time.sleep(wait)
-
-    async def subprocess_watchdog(self) -> None:
-        """SGLang's SubprocessWatchdog: a child's non-zero exit → SIGQUIT to ourselves (blind after a C++ abort)."""
-        while True:
-            await asyncio.sleep(1)
-            if self.launch.faults.fired("zombie_after_cpp_abort"):
-                continue
-            for name, proc in self.launch.children:
-                if proc.exitcode not in (None, 0):
-                    log(
-                        f"Subprocess {name} (pid={proc.pid}) crashed with exit code {proc.exitcode}. Triggering SIGQUIT for cleanup..."
-                    )
-                    os.kill(os.getpid(), signal.SIGQUIT)
-                    return

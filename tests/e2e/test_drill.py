@@ -10,7 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.training.drill import DRILLS, run_drill
+from supervisor.training.drill import run_drill
+from supervisor.training.scenarios import DRILLS
 
 
 def _drill_processes(root: Path) -> list[psutil.Process]:
