@@ -29,7 +29,7 @@ from simulator.families import detect_family
 from simulator.faults import FaultBook, ScenarioError, flag_present
 from simulator.logs import log, rank_prefix, scheduler_title, uvicorn
 from simulator.ranks import RankSpec, detokenizer_main, dp_controller_main, scheduler_main
-from simulator.server import IDENTITY, ServerState, SimServer
+from simulator.server import IDENTITY, SimServer, SimState
 from simulator.sim_metrics import SimMetrics
 from simulator.teardown import Crash, kill_tree, shm_used_mb
 
@@ -50,7 +50,7 @@ class Launch:
         self.ready = False
         self.xid_sent = False
         self.engine: Engine | None = None
-        self.state = ServerState()
+        self.state = SimState()
         self.metrics = SimMetrics(args.served_name, _engine_type(args), not _cuda_graph_disabled(args))
         self.rng = random.Random(int(os.environ.get("SGLANG_SIM_SEED", "0") or 0))
         self.marker = gpus.state_dir() / "ports" / f"{args.port}.running"

@@ -40,7 +40,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass
-class ServerState:
+class SimState:
     """Mutable state of the main process shared by handlers and the lifecycle."""
 
     status: str = "Starting"  # "Starting" | "Up" | "UnHealthy"
@@ -49,7 +49,6 @@ class ServerState:
     requests_by_endpoint: dict[str, int] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     launch_dirty: bool = False  # the previous run on this port did not exit cleanly
-    hang_after: int | None = None  # restart_same_port_hang: requests served before every request hangs
 
 
 class SimServer:
@@ -61,7 +60,7 @@ class SimServer:
         engine: Engine,
         metrics: SimMetrics,
         faults: FaultBook,
-        state: ServerState,
+        state: SimState,
         on_fatal: Callable[[str], None],
     ) -> None:
         self.args = args
