@@ -1,0 +1,1 @@
+"""Multi-node groups: one SGLang server over several hosts, coordinated through etcd."""
