@@ -1,6 +1,6 @@
-"""Real Prometheus tools for tests, taken out of the Debian packages without installing any service.
+"""Real Prometheus tools and etcd for tests, taken out of the Debian packages without installing any service.
 
-`apt-get download prometheus prometheus-alertmanager` into `~/.cache/sglang-supervisor/debs` (outside the
+`apt-get download prometheus prometheus-alertmanager etcd-server` into `~/.cache/sglang-supervisor/debs` (outside the
 clone), `dpkg-deb -x` each into the cache (staged, then renamed into place), and return the binary path. A file lock serialises concurrent
 pytest processes; a binary already extracted is reused.
 """
@@ -105,3 +105,8 @@ def ensure_alertmanager() -> Path:
 def ensure_amtool() -> Path:
     """Path to `amtool` from the Debian `prometheus-alertmanager` package."""
     return _ensure("prometheus-alertmanager", "amtool")
+
+
+def ensure_etcd() -> Path:
+    """Path to the `etcd` server binary from the Debian `etcd-server` package."""
+    return _ensure("etcd-server", "etcd")

@@ -1,0 +1,140 @@
+"""Helpers for the etcd tier: a real etcd (Debian's `etcd-server`, extracted by tests/tools.py) on loopback, and a cuttable TCP proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from tools import ensure_etcd
+
+START_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EtcdServer:
+    """One single-member etcd on 127.0.0.1 with a temp data dir; `stop()` and `start()` keep the data."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.binary = ensure_etcd()
+        self.workdir = workdir
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The client URL (the JSON gateway answers on it)."""
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def start(self) -> None:
+        """Start etcd and wait until it answers `/health`."""
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        argv = [
+            str(self.binary),
+            "--name=test",
+            f"--data-dir={self.workdir / 'data'}",
+            f"--listen-client-urls={self.url}",
+            f"--advertise-client-urls={self.url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=test={peer}",
+            "--log-level=warn",
+        ]
+        with (self.workdir / "etcd.log").open("ab") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._healthy():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = (self.workdir / "etcd.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"etcd did not become healthy:\n{tail}")
+            time.sleep(0.05)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as resp:
+                return b'"true"' in resp.read(4096)
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """Stop etcd (SIGTERM, then SIGKILL after 10 s)."""
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+
+class Proxy:
+    """A TCP proxy on 127.0.0.1 in front of etcd; `cut()` drops every connection and refuses new ones."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.open = True
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        """The URL to give a client instead of etcd's."""
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        """Listen on a free port."""
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.open:
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while self.open and (chunk := await reader.read(65536)):
+                writer.write(chunk)
+                await writer.drain()
+        writer.close()
+        self._writers.discard(writer)
+
+    def cut(self) -> None:
+        """Partition: close every open connection and refuse new ones."""
+        self.open = False
+        for writer in list(self._writers):
+            writer.close()
+        self._writers.clear()
+
+    def heal(self) -> None:
+        """End the partition."""
+        self.open = True
+
+    async def close(self) -> None:
+        """Stop listening and drop every connection."""
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
