@@ -10,6 +10,7 @@ from policies.ladders import parse_ladders
 from policies.parsers_table import REASONING_PARSERS, TOOL_PARSERS
 from policies.pd import Role, start_order
 from supervisor.config.errors import FieldError
+from supervisor.config.group import check_group
 from supervisor.config.models import Config, ServerConfig
 
 
@@ -38,6 +39,11 @@ def check_config(config: Config, env: Mapping[str, str]) -> list[FieldError]:
         start_order(config.roles, edges)
     except ValueError as exc:
         errors.append(FieldError("servers", sorted(names), f"depends_on without cycles ({exc})"))
+    if config.group is not None:
+        listed = [s.name for s in config.servers]
+        member = next((s for s in config.servers if s.name == config.group.server), None)
+        arg = member.arg if member is not None else (lambda flag: None)
+        errors += [FieldError(*p) for p in check_group(config.group, listed, arg)]
     alerts = config.alerts
     sinks = {
         "webhook.url": alerts.webhook and (alerts.webhook.url_file, alerts.webhook.url_env, True),
@@ -132,9 +138,11 @@ def _check_resources(
         errors.append(FieldError(f"{at}.gpus", list(s.gpus), "none: a router owns no GPU"))
     if s.role is not Role.ROUTER and config.supervisor.gpu_backend != "none":
         dp_attention = argv.present(s.args, "--enable-dp-attention", s.flags)
-        need = s.tp_size * s.pp_size * (1 if dp_attention else s.dp_size)
+        nnodes = s.positive_arg("--nnodes") or 1
+        need = s.tp_size * s.pp_size * (1 if dp_attention else s.dp_size) // nnodes
         if len(set(s.gpus)) < need:
-            errors.append(FieldError(f"{at}.gpus", list(s.gpus), f"{need} distinct GPUs (tp × pp × dp)"))
+            per = f" / {nnodes} nodes" if nnodes > 1 else ""
+            errors.append(FieldError(f"{at}.gpus", list(s.gpus), f"{need} distinct GPUs (tp × pp × dp{per})"))
     if s.gpu_device_paths and len(s.gpu_device_paths) != len(s.gpus):
         errors.append(
             FieldError(f"{at}.gpu_device_paths", len(s.gpu_device_paths), "one path per GPU, or none")

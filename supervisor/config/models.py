@@ -13,6 +13,7 @@ from policies.argv import FlagTable
 from policies.ladders import DEFAULT_LADDERS, Ladder, parse_ladders
 from policies.parsers_table import expected_parsers
 from policies.pd import Role
+from supervisor.config.group import GroupConfig
 
 SGLANG_DEFAULT_PORT = 30000
 SGLANG_HEALTH_TIMEOUT_S = 20  # SGLANG_HEALTH_CHECK_TIMEOUT's default inside SGLang
@@ -237,6 +238,7 @@ class Config(_Model):
     supervisor: SupervisorConfig = SupervisorConfig()
     servers: tuple[ServerConfig, ...]
     alerts: AlertsConfig = AlertsConfig()
+    group: GroupConfig | None = None
 
     def server(self, name: str) -> ServerConfig:
         """The server called `name` (KeyError if none)."""
