@@ -63,6 +63,11 @@ class GroupNode:
         self._barrier_alerted = False
         self._wake = asyncio.Event()
 
+    async def start(self, local_generation: int = 0) -> None:
+        """Join the group; `local_generation` is the one our tree last ran (from the state file, 0 if none)."""
+        self.generation = local_generation
+        await self.member.start(local_generation)
+
     def fault(self, incident: str, reason: str, plan: Callable[[Generation], Plan] | None = None) -> None:
         """A fault of the local tree: the group restarts (one bump per fault), never this node alone."""
         if self.phase is Phase.RUNNING and self.pending is None:
@@ -90,6 +95,7 @@ class GroupNode:
 
     async def step(self) -> None:
         """One decision and its effect."""
+        self._check_rejoin()
         if self.pending is not None and self.member.reachable:
             await self._bump(self.pending)
         order = self.member.order(self.generation, self.phase)
@@ -105,6 +111,14 @@ class GroupNode:
             self.phase = Phase.HALTED
             self.alert("group.failed", order.reason)
             await self._publish("failed")
+
+    def _check_rejoin(self) -> None:
+        """A daemon restarted while the group ran our generation: our tree went with it, so the group restarts."""
+        current, rank, g = self.member.current, self.member.params.node_rank, self.generation
+        joining = self.phase is Phase.JOINING and self.pending is None
+        if joining and current is not None and not current.failed and g == current.number:
+            reason = f"node {rank} rejoined: its tree did not survive the daemon restart"
+            self.pending = PendingFault(g, f"rejoin-{rank}-g{g}", reason, None)
 
     async def _bump(self, fault: PendingFault) -> None:
         try:

@@ -52,7 +52,7 @@ class Seat:
 
     async def start(self, local_generation: int = 0) -> None:
         """Join the group and follow it in the background."""
-        await self.member.start(local_generation)
+        await self.node.start(local_generation)
         self.task = asyncio.create_task(self.node.run())
 
     async def crash(self) -> None:

@@ -172,3 +172,18 @@ async def test_a_barrier_past_its_timeout_alerts_and_still_waits(etcd: EtcdServe
         assert a.tree.launched == [] and a.member.status()["barrier"]["missing"] == [1]  # type: ignore[index]
     finally:
         await a.stop()
+
+
+async def test_a_daemon_restarted_within_its_ttl_restarts_the_group_once(pair: tuple[Seat, Seat]) -> None:
+    """Node 1's daemon comes back before its lease expires: it reports its lost tree; one bump, both relaunch."""
+    a, b = pair
+    endpoint = b.member.client.settings.endpoints[0]
+    await b.crash()
+    b2 = seat(endpoint, 1)
+    await b2.start(local_generation=1)
+    try:
+        await poll(lambda: both_run(a, b2, 2), "both nodes relaunched at generation 2")
+        assert a.member.bumps + b2.member.bumps == 1 and "rejoined" in a.member.current.reason  # type: ignore[union-attr]
+        assert a.member.member_losses == 0
+    finally:
+        await b2.stop()
