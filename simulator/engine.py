@@ -57,6 +57,7 @@ class Engine:
         watchdog_label: str,
         decode_log_interval: int,
         rank_pids: list[int],
+        cross_node: Callable[[dict[str, object]], None] | None = None,
     ) -> None:
         self.conns = conns
         self.leaders = leaders
@@ -71,6 +72,7 @@ class Engine:
             watchdog_label  # "300" by default, "4.0" when the flag was given, as SGLang prints
         )
         self.rank_pids = rank_pids
+        self.cross_node = cross_node  # the collective with the other nodes of a multi-node group
         self.decode_log_interval = max(1, decode_log_interval)
         self.cond = threading.Condition()
         self.waiting: list[Req] = []
@@ -216,6 +218,8 @@ class Engine:
         for leader in self.leaders:
             if not self._wait_done(leader):
                 return
+        if self.cross_node is not None:
+            self.cross_node(batch)
         self.batch_active_since = None
         self.forward_ct += 1
         self.last_receive_tstamp = self.snapshot_at = time.time()

@@ -28,6 +28,7 @@ from simulator.engine import Engine
 from simulator.families import detect_family
 from simulator.faults import FaultBook, ScenarioError, flag_present
 from simulator.logs import log, rank_prefix, scheduler_title, uvicorn
+from simulator.multinode import Hub, local_tp, rendezvous, serve_worker
 from simulator.ranks import RankSpec, detokenizer_main, dp_controller_main, scheduler_main
 from simulator.server import IDENTITY, SimServer, SimState
 from simulator.sim_metrics import SimMetrics
@@ -54,7 +55,7 @@ class Launch:
         self.metrics = SimMetrics(args.served_name, _engine_type(args), not _cuda_graph_disabled(args))
         self.rng = random.Random(int(os.environ.get("SGLANG_SIM_SEED", "0") or 0))
         self.marker = gpus.state_dir() / "ports" / f"{args.port}.running"
-        self.gpus = [self._gpu_of(i) for i in range(max(1, args.dp_size) * max(1, args.tp_size))]
+        self.gpus = [self._gpu_of(i) for i in range(max(1, args.dp_size) * local_tp(args)[0])]
 
     def _gpu_of(self, rank: int) -> int:
         return gpus.physical_gpu(self.args.base_gpu_id + rank * max(1, getattr(self.args, "gpu_id_step", 1)))
@@ -77,15 +78,15 @@ class Launch:
         mem = float(args.mem_fraction_static or 0.88)
         family = detect_family(args.model_path, os.environ.get("SGLANG_SIM_MODEL_FAMILY") or None)
         jobs: list[tuple[RankSpec, Connection, Any]] = []
-        tp, dp = max(1, args.tp_size), max(1, args.dp_size)
+        (tp, first), dp = local_tp(args), max(1, args.dp_size)
         for d in range(dp):
             group = (self.ctx.Barrier(tp), self.ctx.Barrier(tp))
             self.groups.append(group)  # Process.start() drops its args: keep the semaphores alive
             for t in range(tp):
                 dp_rank = d if dp > 1 else None
                 spec = RankSpec(
-                    title=scheduler_title(dp_rank, t, tp),
-                    prefix=rank_prefix(dp_rank, t, tp),
+                    title=scheduler_title(dp_rank, first + t, max(1, args.tp_size)),
+                    prefix=rank_prefix(dp_rank, first + t, max(1, args.tp_size)),
                     tp_rank=t,
                     tp_size=tp,
                     dp_rank=dp_rank,
@@ -104,11 +105,12 @@ class Launch:
                 if t == 0:
                     self.leaders.append(parent)
                 jobs.append((spec, child, group))
-        det_parent, det_child = self.ctx.Pipe()
-        detok = self.ctx.Process(target=detokenizer_main, args=(det_child,), name="detokenizer")
-        detok.start()
-        self.children.append(("detokenizer", detok))
-        self.detok_conn = det_parent
+        if args.node_rank == 0:  # nodes ≥ 1 run schedulers only
+            det_parent, det_child = self.ctx.Pipe()
+            detok = self.ctx.Process(target=detokenizer_main, args=(det_child,), name="detokenizer")
+            detok.start()
+            self.children.append(("detokenizer", detok))
+            self.detok_conn = det_parent
         if dp > 1:
             controller = self.ctx.Process(
                 target=dp_controller_main, args=(jobs,), name="data_parallel_controller"
@@ -239,7 +241,11 @@ def run(args: SimServerArgs) -> NoReturn:
     launch.spawn()
     threading.Thread(target=launch.publish_gpus, daemon=True).start()
     launch.wait_ready()
-    asyncio.run(serve(launch))
+    link = rendezvous(launch) if args.nnodes > 1 else None
+    if link is not None and not isinstance(link, Hub):
+        asyncio.run(serve_worker(launch, link))
+    else:
+        asyncio.run(serve(launch, link))
     sys.exit(0)
 
 
@@ -248,7 +254,7 @@ def _launch_sigquit(signum: int, frame: FrameType | None) -> None:
     kill_tree(include_parent=True)
 
 
-async def serve(launch: Launch) -> None:
+async def serve(launch: Launch, hub: Hub | None = None) -> None:
     """Run the HTTP server(s), warmup, the subprocess watchdog and the signal handlers."""
     args = launch.args
     loop = asyncio.get_running_loop()
@@ -267,6 +273,7 @@ async def serve(launch: Launch) -> None:
         else f"{args.watchdog_timeout:g}",
         decode_log_interval=int(args.decode_log_interval),
         rank_pids=list(launch.rank_pids.values()),
+        cross_node=hub.collective if hub else None,
     )
     launch.engine = engine
     engine.start()
