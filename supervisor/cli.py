@@ -199,6 +199,10 @@ def render_status(body: dict[str, Any]) -> str:
             lines.append(
                 f"  last incident: {last['id']} {last['fault']} → {last['action']} ({_ago(last['detected_at'])} ago)"
             )
+    if body.get("group"):
+        from supervisor.group.report import render_group
+
+        lines += ["", *render_group(body["group"])]
     return "\n".join(lines)
 
 

@@ -24,6 +24,8 @@ EXPECTED_ALERTS = {
     "SglangGpuFault",
     "SglangCanaryUnproven",
     "SglangSupervisorAlertDeliveryFailing",
+    "SglangGroupStuckInBarrier",
+    "SglangGroupEtcdUnreachable",
 }
 
 

@@ -25,6 +25,12 @@ CONTRACT_METRICS = {
     "sglang_supervisor_alert_deliveries_total": "counter",
     "sglang_supervisor_loop_last_tick_timestamp_seconds": "gauge",
     "sglang_supervisor_build_info": "gauge",
+    "sglang_supervisor_group_generation": "gauge",
+    "sglang_supervisor_group_etcd_up": "gauge",
+    "sglang_supervisor_group_barrier_wait_seconds": "gauge",
+    "sglang_supervisor_group_barrier_timeout_seconds": "gauge",
+    "sglang_supervisor_group_member_phase": "gauge",
+    "sglang_supervisor_group_generation_bumps_total": "counter",
 }
 
 
@@ -45,6 +51,9 @@ def populated() -> SupervisorMetrics:
     m.observe_detection("decode_wedge", 12.0)
     m.alert_delivery("pagerduty", "ok")
     m.alert_delivery("slack", "dropped")
+    m.set_group("dsv3", 2, True, 0.0, 300.0)
+    m.set_group_member("dsv3", 1, "running")
+    m.group_bump("dsv3")
     m.tick(1_780_000_000.0)
     return m
 

@@ -73,7 +73,7 @@ def test_a_rank_killed_on_node_1_blocks_node_0_in_the_collective(group: tuple[Si
     os.kill(n1.tree()["sglang::scheduler_TP3"].pid, signal.SIGKILL)
     assert n1.exited(30) != 0
     assert not generates(n0, timeout=3)
-    assert n0.proc.poll() is None and not n0.tree()["sglang::scheduler_TP0"].status() == "zombie"
+    assert n0.proc.poll() is None and "sglang::scheduler_TP0" in n0.titles()
 
 
 def test_a_rank_stopped_on_node_1_blocks_node_0_while_node_1_looks_healthy(

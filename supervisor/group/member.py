@@ -29,6 +29,7 @@ from policies.group import (
     covers,
     decide,
     first_generation,
+    group_up,
     member_loss_is_fault,
     next_generation,
 )
@@ -321,6 +322,7 @@ class GroupMember:
             "incident": g.incident if g else "",
             "reason": g.reason if g else "",
             "failed": g.failed if g else False,
+            "group_up": g is not None and group_up(self.members, g, self.params.nnodes),
             "levels": dict(g.levels) if g else {},
             "members": {
                 str(r): {"generation": m.generation, "phase": m.phase.value, "state": m.state, "host": m.host}

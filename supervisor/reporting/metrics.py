@@ -13,6 +13,7 @@ from importlib import metadata
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
+from policies.group import Phase
 from policies.states import FaultKind, ServerState
 
 STATES = tuple(state.value for state in ServerState)
@@ -20,6 +21,7 @@ FAULT_KINDS = tuple(kind.value for kind in FaultKind)
 PROBE_RESULTS = ("ok", "fail", "timeout", "error")
 CANARY_VERDICTS = ("pass", "fail", "inconclusive")
 DELIVERY_OUTCOMES = ("ok", "failed", "dropped")
+GROUP_PHASES = tuple(phase.value for phase in Phase)
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
@@ -137,6 +139,42 @@ class SupervisorMetrics:
             "Unix time of the supervisor loop's last completed tick.",
             registry=reg,
         )
+        self._group_generation = Gauge(
+            _PREFIX + "group_generation",
+            "Current generation of the multi-node group this host belongs to (one bump per group restart).",
+            ["group"],
+            registry=reg,
+        )
+        self._group_etcd_up = Gauge(
+            _PREFIX + "group_etcd_up",
+            "1 while etcd answers this daemon, 0 while it does not (no group restart is possible then).",
+            ["group"],
+            registry=reg,
+        )
+        self._group_barrier_wait = Gauge(
+            _PREFIX + "group_barrier_wait_seconds",
+            "How long this node has waited at the group's release barrier (0 when not waiting).",
+            ["group"],
+            registry=reg,
+        )
+        self._group_barrier_timeout = Gauge(
+            _PREFIX + "group_barrier_timeout_seconds",
+            "The configured barrier timeout: waiting longer alerts.",
+            ["group"],
+            registry=reg,
+        )
+        self._group_member_phase = Gauge(
+            _PREFIX + "group_member_phase",
+            "Phase of each group member as published in etcd (1 for the current phase, 0 for the others).",
+            ["group", "node_rank", "phase"],
+            registry=reg,
+        )
+        self._group_bumps = Counter(
+            _PREFIX + "group_generation_bumps",
+            "Generation bumps this daemon committed (a fault it saw first, or a lost member).",
+            ["group"],
+            registry=reg,
+        )
         build = Gauge(
             _PREFIX + "build_info",
             "Supervisor build metadata (constant 1).",
@@ -222,6 +260,27 @@ class SupervisorMetrics:
         """Count one alert delivery outcome of `sink`."""
         self.declare_sink(sink)
         self._deliveries.labels(sink=sink, outcome=_check("outcome", outcome, DELIVERY_OUTCOMES)).inc()
+
+    def set_group(
+        self, group: str, generation: int, etcd_up: bool, barrier_wait_s: float, barrier_timeout_s: float
+    ) -> None:
+        """Publish the group's generation, etcd reachability and this node's barrier wait."""
+        self._group_bumps.labels(group=group)
+        self._group_generation.labels(group=group).set(generation)
+        self._group_etcd_up.labels(group=group).set(1 if etcd_up else 0)
+        self._group_barrier_wait.labels(group=group).set(barrier_wait_s)
+        self._group_barrier_timeout.labels(group=group).set(barrier_timeout_s)
+
+    def set_group_member(self, group: str, node_rank: int, phase: str) -> None:
+        """Make `phase` the one current phase of member `node_rank` (\"absent\" clears them all)."""
+        for name in GROUP_PHASES:
+            self._group_member_phase.labels(group=group, node_rank=str(node_rank), phase=name).set(
+                1 if name == phase else 0
+            )
+
+    def group_bump(self, group: str) -> None:
+        """Count a generation bump this daemon committed."""
+        self._group_bumps.labels(group=group).inc()
 
     def tick(self, now_wall: float) -> None:
         """Mark the supervisor loop alive at Unix time `now_wall`."""
