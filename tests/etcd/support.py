@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tools import ensure_etcd
+from tests.tools import ensure_etcd
 
 START_TIMEOUT_S = 30.0
 
