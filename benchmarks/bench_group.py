@@ -155,10 +155,10 @@ class SimNode:
                 return
             ok = await asyncio.to_thread(http_status, base + "/health")
             if self._state == "starting" and ok == 200:
-                gen_ok = self.rank > 0 or await asyncio.to_thread(
-                    http_status, base + "/generate", GENERATE, 10.0
-                )
-                self._state = "serving" if gen_ok else "starting"
+                answered = 200
+                if self.rank == 0:
+                    answered = await asyncio.to_thread(http_status, base + "/generate", GENERATE, 10.0)
+                self._state = "serving" if answered == 200 else "starting"
             elif self._state == "serving" and self.rank == 0:
                 failures = 0 if ok == 200 else failures + 1
                 if failures >= 3:
@@ -234,7 +234,14 @@ async def bench(quick: bool) -> dict[str, Any]:
                     s.state() == "serving" and n.generation == g for s, n in zip(sims, nodes, strict=True)
                 )
 
-            if not await until(lambda: serving(1), 120):
+            def published(g: int) -> bool:
+                seen = members[0].members
+                return all(
+                    r in seen and seen[r].generation == g and seen[r].state == "serving"
+                    for r in range(NNODES)
+                )
+
+            if not await until(lambda: serving(1) and published(1), 120):
                 raise RuntimeError("the group never served generation 1")
             window = 20.0 if quick else 60.0
             before = etcd_writes(etcd.url)

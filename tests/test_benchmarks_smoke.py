@@ -14,6 +14,7 @@ MODULES = [
     "benchmarks.bench_core",
     "benchmarks.bench_detection",
     "benchmarks.bench_baselines",
+    "benchmarks.bench_group",
 ]
 
 
