@@ -19,6 +19,9 @@ from policies.pd import start_order
 from policies.states import ServerState, worst
 from supervisor.alerts.from_config import build_dispatcher
 from supervisor.config import Config, ConfigError, load_config
+from supervisor.group.etcd import EtcdClient
+from supervisor.group.member import GroupMember
+from supervisor.group.report import GroupReporter
 from supervisor.host.gpu import open_backend
 from supervisor.loop.clock import Clock, SystemClock
 from supervisor.loop.commands import Command
@@ -58,6 +61,11 @@ class Daemon:
         self.clock = clock or SystemClock()
         self.journal = IncidentJournal(Path(sup.state_dir) / "incidents.jsonl")
         self.alerts = build_dispatcher(config.alerts, self.metrics)
+        self.group: GroupMember | None = None
+        self.group_reporter: GroupReporter | None = None
+        if config.group is not None:
+            self.group = GroupMember(config.group.params(), EtcdClient(config.group.etcd.settings()))
+            self.group_reporter = GroupReporter(self.group, self.metrics)
         self.svc = Services(
             config=config,
             statefile=StateFile.load(Path(sup.state_dir) / "state.json"),
@@ -66,6 +74,7 @@ class Daemon:
             host=host,
             clock=self.clock,
             on_state_change=self._state_changed,
+            group=self.group,
         )
         roles = {s.name: s.role for s in config.servers}
         order = start_order(roles, {s.name: list(s.depends_on) for s in config.servers})
@@ -106,6 +115,7 @@ class Daemon:
             "pid": os.getpid(),
             "started_at": self.started,
             "servers": [loop.status() for loop in self.loops],
+            "group": self.group.status() if self.group is not None else None,
             "incidents": [i.to_json() for i in list(self.svc.incidents.recent)[-20:]][::-1],
         }
 
@@ -172,6 +182,8 @@ class Daemon:
         period = min(self.config.supervisor.tick_s, (interval / 3) if interval else 5.0)
         while not self.stop_event.is_set():
             fresh, age = self.loop_health()
+            if self.group_reporter is not None:
+                self.group_reporter.publish()
             if fresh:
                 self.metrics.tick(self.clock.wall())
                 sdnotify.watchdog()

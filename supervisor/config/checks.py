@@ -138,7 +138,7 @@ def _check_resources(
         errors.append(FieldError(f"{at}.gpus", list(s.gpus), "none: a router owns no GPU"))
     if s.role is not Role.ROUTER and config.supervisor.gpu_backend != "none":
         dp_attention = argv.present(s.args, "--enable-dp-attention", s.flags)
-        nnodes = s.positive_arg("--nnodes") or 1
+        nnodes = s.nnodes
         need = s.tp_size * s.pp_size * (1 if dp_attention else s.dp_size) // nnodes
         if len(set(s.gpus)) < need:
             per = f" / {nnodes} nodes" if nnodes > 1 else ""

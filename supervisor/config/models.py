@@ -159,6 +159,16 @@ class ServerConfig(_Model):
         return self.positive_arg("--pp-size") or 1
 
     @property
+    def nnodes(self) -> int:
+        """Nodes the server spans (`--nnodes`), default 1."""
+        return self.positive_arg("--nnodes") or 1
+
+    @property
+    def node_rank(self) -> int:
+        """This host's node of the server (`--node-rank`), default 0."""
+        return self.positive_arg("--node-rank") or 0
+
+    @property
     def model_path(self) -> str | None:
         """`--model-path` (or `--model`) from args."""
         return self.arg("--model-path")

@@ -76,17 +76,24 @@ class TreeEvent:
     title: str = ""
 
 
-def expected_rank_titles(tp: int, dp: int = 1, pp: int = 1) -> list[str]:
-    """Process titles SGLang gives its schedulers, detokenizer and DP controller for this layout."""
+def expected_rank_titles(tp: int, dp: int = 1, pp: int = 1, nnodes: int = 1, node_rank: int = 0) -> list[str]:
+    """Process titles SGLang gives its schedulers, detokenizer and DP controller for this layout.
+
+    A server spread over `nnodes` nodes runs TP ranks `node_rank·tp/nnodes …` here, and its detokenizer on
+    node 0 only.
+    """
     titles: list[str] = []
+    per_node = max(1, tp // max(1, nnodes))
+    local = range(node_rank * per_node, (node_rank + 1) * per_node) if nnodes > 1 else range(tp)
     for d in range(dp):
         for p in range(pp):
-            for t in range(tp):
+            for t in local:
                 parts = [f"DP{d}"] if dp > 1 else []
                 parts += [f"PP{p}"] if pp > 1 else []
                 parts += [f"TP{t}"] if tp > 1 else []
                 titles.append("_".join(["sglang::scheduler", *parts]))
-    titles.append("sglang::detokenizer")
+    if node_rank == 0:
+        titles.append("sglang::detokenizer")
     if dp > 1:
         titles.append("sglang::data_parallel_controller")
     return titles

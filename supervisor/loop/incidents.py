@@ -20,7 +20,7 @@ from policies.plan import Plan
 from supervisor.alerts.dispatcher import AlertDispatcher
 from supervisor.records.incident import Incident
 from supervisor.records.journal import IncidentJournal
-from supervisor.reporting.metrics import SupervisorMetrics
+from supervisor.reporting.metrics import FAULT_KINDS, SupervisorMetrics
 
 log = structlog.get_logger()
 KEEP = 200
@@ -155,11 +155,12 @@ class IncidentBook:
     ) -> Incident:
         """An entry that is not acted on: degraded, seen while paused, serving unproven.
 
-        Only fault kinds are counted in `incidents_total`; `canary_unproven` has a gauge of its own.
+        Only fault kinds are counted in `incidents_total`; `canary_unproven` has a gauge of its own, and group
+        events (`group.*`) have the group metrics.
         """
         incident = self._new(server, wall, kind, action, reason, evidence, argv, rung, severity=severity)
         self._store(incident)
-        if kind != "canary_unproven":
+        if kind in FAULT_KINDS:
             self.metrics.incident(server, kind)
         log.warning("fault.noticed", server=server, incident=incident.id, fault=kind, action=action)
         self._fire(incident)

@@ -27,7 +27,16 @@ if TYPE_CHECKING:
 S = ServerState
 RELEASE_SLACK_S = 30.0  # beyond drain grace and the release deadline, before the loop counts as wedged
 
-__all__ = ["Outcome", "planned_restart", "reap_previous", "recover", "spawn_failure", "stop_for_good"]
+__all__ = [
+    "Outcome",
+    "plan_facts",
+    "planned_restart",
+    "reap_previous",
+    "recover",
+    "release_run",
+    "spawn_failure",
+    "stop_for_good",
+]
 
 
 async def reap_previous(loop: ServerLoop) -> None:
@@ -40,7 +49,7 @@ async def reap_previous(loop: ServerLoop) -> None:
     if not found and not loop.record.pid:
         return
     loop.log.warning("recovery.reap_previous", pids=[p.pid for p in found], run_id=loop.record.run_id)
-    report = await _release(loop, mode="kill", any_run_of=loop.marker, main_pid=None, pgid=None)
+    report = await release_run(loop, mode="kill", any_run_of=loop.marker, main_pid=None, pgid=None)
     if not report.ok:
         loop.transition(S.FAILED, f"could not reap the previous run: {report.reason}")
         await loop.wait_for_operator()
@@ -59,7 +68,8 @@ def spawn_failure(loop: ServerLoop, failed: SpawnFailed) -> Outcome:
     return Outcome(fault=fault, spawn_failed=failed.reason)
 
 
-def _facts(loop: ServerLoop) -> PlanFacts:
+def plan_facts(loop: ServerLoop) -> PlanFacts:
+    """What the triage needs of this server to plan a recovery."""
     return PlanFacts(
         role=loop.cfg.role.value,
         args=loop.argv[len(loop.cfg.command) :],
@@ -82,7 +92,7 @@ async def recover(loop: ServerLoop, fault: Fault, spawn_failed: str = "") -> Non
             "fail", "operator needed: fix the command or its environment", levels=loop.record.levels
         )
     else:
-        decided = plan(fault, _facts(loop), now)
+        decided = plan(fault, plan_facts(loop), now)
         if decided.streak_over:
             loop.restarts.clear()
         chosen = decided.plan
@@ -95,7 +105,7 @@ async def recover(loop: ServerLoop, fault: Fault, spawn_failed: str = "") -> Non
         return
     loop.transition(S.RECOVERING, f"{fault.kind}: {fault.reason}")
     forensics = await _forensics(loop, incident) if loop.run is not None else ""
-    report = await _release(loop, mode="kill")
+    report = await release_run(loop, mode="kill")
     loop.svc.metrics.observe_gpu_release(loop.name, report.steps.get("total", 0.0))
     if chosen.ladder_key is not None:
         loop.record.history.append([chosen.ladder_key, chosen.rung])
@@ -157,7 +167,7 @@ async def _forensics(loop: ServerLoop, incident: Incident) -> str:
     return await loop.svc.host.forensics(loop.svc.config.supervisor, evidence, incident)
 
 
-async def _release(
+async def release_run(
     loop: ServerLoop,
     mode: str,
     any_run_of: str | None = None,
@@ -209,7 +219,7 @@ async def planned_restart(loop: ServerLoop, cmd: Command) -> None:
         promote(loop)
     loop.operator_entry(cmd.kind, cmd)
     loop.transition(S.STOPPING, f"restart requested by {cmd.actor}: {cmd.reason}")
-    report = await _release(loop, mode="drain")
+    report = await release_run(loop, mode="drain")
     cmd.answer("restarted" if report.ok else f"release failed: {report.reason}")
     if not report.ok:
         loop.transition(S.FAILED, f"release failed: {report.reason}")
@@ -223,6 +233,6 @@ async def stop_for_good(loop: ServerLoop) -> None:
     if loop.run is not None or loop.state not in (S.STOPPED, S.FAILED):
         with contextlib.suppress(Exception):
             loop.transition(S.STOPPING, "daemon stopping")
-        report = await _release(loop, mode="drain")
+        report = await release_run(loop, mode="drain")
         loop.transition(S.STOPPED if report.ok else S.FAILED, report.reason)
     await loop.watch.aclose()

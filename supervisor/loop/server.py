@@ -26,11 +26,13 @@ from policies.pd import Role, restart_order
 from policies.plan import PARSER_KEY, build_argv, parser_ladder
 from policies.states import ServerState, check_transition, resume_target
 from supervisor.config import Config, ServerConfig
+from supervisor.group.member import GroupMember
 from supervisor.host.flaghelp import HelpUnavailable
 from supervisor.host.launcher import SpawnFailed
 from supervisor.loop import recovery
 from supervisor.loop.clock import Clock
 from supervisor.loop.commands import Command, Outcome
+from supervisor.loop.grouped import run_grouped
 from supervisor.loop.host import Host, RunHandle
 from supervisor.loop.incidents import IncidentBook
 from supervisor.loop.watch import Watch
@@ -54,6 +56,7 @@ class Services:
     clock: Clock
     on_state_change: Callable[[], None] = lambda: None
     loops: dict[str, ServerLoop] = field(default_factory=dict)
+    group: GroupMember | None = None  # this host's seat in a multi-node group (`[group]`), if any
 
     def save_state(self) -> None:
         """Persist state.json (a failure is logged, never raised into a loop)."""
@@ -189,6 +192,10 @@ class ServerLoop:
     # ---- main loop -----------------------------------------------------------------------------------------
     async def run_forever(self) -> None:
         """Reap what a previous daemon left, learn the target's flags, then launch and supervise until stopped."""
+        group = self.svc.config.group
+        if self.svc.group is not None and group is not None and group.server == self.name:
+            await run_grouped(self, self.svc.group)  # the group decides every stop and launch
+            return
         await recovery.reap_previous(self)
         await self.learn_flags()
         while not self.stopping:

@@ -112,7 +112,7 @@ class Watch:
         cfg = self.loop.cfg
         if cfg.role is Role.ROUTER:
             return []
-        return proctree.expected_rank_titles(cfg.tp_size, cfg.dp_size, cfg.pp_size)
+        return proctree.expected_rank_titles(cfg.tp_size, cfg.dp_size, cfg.pp_size, cfg.nnodes, cfg.node_rank)
 
     def _canary_url(self, base: str) -> str:
         """A decode's canary goes through the router when there is one."""

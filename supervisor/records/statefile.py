@@ -21,6 +21,7 @@ class ServerRecord:
     levels: dict[str, int] = field(default_factory=dict)  # ladder key -> active rung
     history: list[list[Any]] = field(default_factory=list)  # [ladder key, rung] of past incidents
     state: str = "stopped"
+    group_generation: int = 0  # the group generation this server last launched (multi-node groups)
 
 
 @dataclass

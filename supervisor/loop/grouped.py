@@ -1,0 +1,155 @@
+"""The server loop of a server that is one node of a multi-node group (`[group]`, docs/group-protocol.md).
+
+Such a server never recovers alone. `run_grouped` replaces `ServerLoop.run_forever` for it: a `GroupNode`
+decides (through etcd) when this node stops, releases and launches; `LoopServer` carries those orders out with
+the loop's own steps (launch and watch, forensics, stop-reap-release), and turns a fault the watch reports into
+a report to the group — one generation bump for the whole group, with the group's ladder and budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from policies.diagnose import Fault
+from policies.group import Generation
+from policies.ladders import PastIncident
+from policies.plan import Plan
+from policies.states import ServerState
+from policies.triage import plan
+from supervisor.group.member import GroupMember
+from supervisor.group.node import GroupNode
+from supervisor.loop import recovery
+from supervisor.loop.commands import Outcome
+
+if TYPE_CHECKING:
+    from supervisor.loop.server import ServerLoop
+
+S = ServerState
+
+
+class LoopServer:
+    """The `GroupedServer` the protocol drives, made of one `ServerLoop`'s steps."""
+
+    def __init__(self, loop: ServerLoop, member: GroupMember) -> None:
+        self.loop = loop
+        self.member = member
+        self.node: GroupNode | None = None
+        self.watching: asyncio.Task[None] | None = None
+
+    def state(self) -> str:
+        """The loop's state name."""
+        return self.loop.state.value
+
+    async def release(self) -> bool:
+        """Stop watching, keep forensics of an open incident, kill, reap and verify the GPUs free."""
+        loop = self.loop
+        if self.watching is not None:
+            self.watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.watching
+            self.watching = None
+        if loop.state not in (S.STOPPED, S.RECOVERING, S.FAILED, S.BACKOFF):
+            loop.transition(S.RECOVERING, f"group generation {self._next()}: {self._why()}")
+        if loop.run is None and not await loop.svc.host.find_marked(loop.marker):
+            return True
+        report = await recovery.release_run(loop, mode="kill")
+        loop.svc.metrics.observe_gpu_release(loop.name, report.steps.get("total", 0.0))
+        if report.ok and loop.state is S.RECOVERING:
+            loop.transition(S.BACKOFF, "released; waiting at the group's barrier")
+        return report.ok
+
+    def _next(self) -> int:
+        return self.member.current.number if self.member.current else 0
+
+    def _why(self) -> str:
+        return self.member.current.reason if self.member.current else "group restart"
+
+    async def launch(self, generation: Generation) -> None:
+        """Launch with the group's ladder levels, and watch in the background until a fault or a command."""
+        loop = self.loop
+        loop.record.levels = dict(generation.levels)
+        loop.record.group_generation = generation.number
+        loop.svc.metrics.set_rung(loop.name, loop.rung)
+        loop.svc.save_state()
+        self.watching = asyncio.create_task(self._watch(generation.number), name=f"group.{loop.name}")
+
+    async def _watch(self, generation: int) -> None:
+        loop = self.loop
+        outcome = await loop.launch_and_watch()
+        while outcome.fault is not None and not self._report(outcome, generation):
+            outcome = await loop.watch.run()  # an alert-only fault: keep watching this launch
+        if outcome.command is not None and self.node is not None:
+            loop.operator_entry(outcome.command.kind, outcome.command)
+            outcome.command.answer("group restart requested")
+            self.node.fault(f"operator-{loop.name}-g{generation}", f"operator {outcome.command.kind}")
+
+    def _report(self, outcome: Outcome, generation: int) -> bool:
+        """Record the incident and report it to the group; False for a fault that is only alerted."""
+        loop, fault = self.loop, outcome.fault
+        assert fault is not None
+        current = self.member.current or Generation(generation)
+        chosen = self._plan(fault, current)
+        latency = max(0.0, loop.clock.monotonic() - fault.onset_at) if fault.onset_at is not None else None
+        incident = loop.svc.incidents.fault(
+            loop.name, loop.clock.wall(), fault, chosen, loop.argv, loop.rung, latency
+        )
+        loop.open_incident, loop.detected_mono = incident, loop.clock.monotonic()
+        if chosen.action == "alert" or self.node is None:
+            return False
+        loop.svc.metrics.restart(loop.name, fault.kind)
+        loop.restart_count += 1
+        self.node.fault(incident.id, f"{fault.kind}: {fault.reason}", lambda g: self._plan(fault, g))
+        return True
+
+    def _plan(self, fault: Fault, current: Generation) -> Plan:
+        """The group's plan: the group's restart streak, ladder history and levels, this server's ladders."""
+        loop = self.loop
+        facts = replace(
+            recovery.plan_facts(loop),
+            restarts=current.restarts,
+            serving_since=None,
+            history=tuple(PastIncident(k, r) for k, r in current.history),
+            levels=dict(current.levels),
+        )
+        return plan(fault, facts, loop.clock.wall()).plan
+
+
+async def run_grouped(loop: ServerLoop, member: GroupMember) -> None:
+    """Follow the group until the daemon stops; then release and leave the group (the others restart)."""
+    await recovery.reap_previous(loop)
+    await loop.learn_flags()
+    server = LoopServer(loop, member)
+    node = GroupNode(member, server, lambda event, detail: group_alert(loop, event, detail))
+    member.alert = node.alert
+    server.node = node
+    await node.start(loop.record.group_generation)
+    following = asyncio.create_task(node.run(), name=f"group.{member.params.name}")
+    try:
+        while not loop.stopping:
+            loop.beat()
+            if server.watching is None or server.watching.done():
+                while (cmd := loop.next_command()) is not None:
+                    loop.handle_command(cmd)
+            await loop.clock.sleep(loop.svc.config.supervisor.tick_s)
+    finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+        if server.watching is not None:
+            server.watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await server.watching
+        await recovery.stop_for_good(loop)
+        await member.close(revoke=True)
+        await member.client.close()
+
+
+def group_alert(loop: ServerLoop, event: str, detail: str) -> None:
+    """A group event that needs a human: a journal entry and an alert through the configured sinks."""
+    severity = "page" if event in ("group.barrier_stuck", "group.failed") else "warning"
+    loop.svc.incidents.notice(
+        loop.name, loop.clock.wall(), event, "alert", detail, {}, loop.argv, loop.rung, severity=severity
+    )

@@ -1,0 +1,111 @@
+"""Two daemons, each owning one node of a simulated 2-node tp-4 group, coordinated through a real etcd."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.e2e.support import Deployment, free_port, q
+from tests.etcd.support import EtcdServer
+
+pytestmark = pytest.mark.etcd
+
+READY_S = 120.0
+
+
+@dataclass
+class GroupDeployment(Deployment):
+    """A daemon whose one server is node `rank` of group "g" (tp 4 over 2 nodes)."""
+
+    rank: int = 0
+    etcd_url: str = ""
+    dist_addr: str = ""
+
+    def write(self) -> None:
+        """The deployment's config plus the multi-node flags and the [group] section."""
+        self.tp = 4
+        self.extra_args = [
+            "--nnodes", "2", "--node-rank", str(self.rank), "--dist-init-addr", self.dist_addr,
+        ]  # fmt: skip
+        self.env = {**self.env, "SGLANG_SIM_DIST_INIT_TIMEOUT_S": "20"}
+        if self.rank > 0:
+            self.probes = {**self.probes, "canary_mode": "off", "stream_canary_period_s": 0}
+        self.restart = {"initial_s": 0.2, "max_s": 1.0, **self.restart}
+        super().write()
+        group = [
+            "[group]",
+            'name = "g"',
+            'server = "sim"',
+            f"node_rank = {self.rank}",
+            "nnodes = 2",
+            "lease_ttl_s = 2",
+            "barrier_timeout_s = 60",
+            "[group.etcd]",
+            f"endpoints = [{q(self.etcd_url)}]",
+            "timeout_s = 2",
+        ]
+        with self.config_path.open("a") as fh:
+            fh.write("\n".join(group) + "\n")
+
+    def group(self) -> dict[str, Any]:
+        """The `group` block of /status."""
+        return dict(self.status()["group"])
+
+
+@pytest.fixture
+def pair(tmp_path: Path, etcd: EtcdServer) -> Iterator[tuple[GroupDeployment, GroupDeployment]]:
+    """Both daemons started and their group serving at generation 1."""
+    addr = f"127.0.0.1:{free_port()}"
+    nodes = []
+    for rank in (0, 1):
+        root = tmp_path / f"node{rank}"
+        root.mkdir()
+        nodes.append(GroupDeployment(root, rank=rank, etcd_url=etcd.url, dist_addr=addr))
+    try:
+        for n in nodes:
+            n.start()
+        for n in nodes:
+            n.wait(lambda s: s["state"] == "serving", READY_S, "each node serving")
+        yield nodes[0], nodes[1]
+    finally:
+        for n in nodes:
+            n.cleanup()
+
+
+def kill_rank(dep: GroupDeployment, title: str) -> None:
+    """SIGKILL the scheduler of `dep`'s tree titled `title`."""
+    main = dep.server()["pid"]
+    for proc in psutil.Process(main).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if " ".join(proc.cmdline()).startswith(title):
+                os.kill(proc.pid, signal.SIGKILL)
+                return
+    raise AssertionError(f"no {title} under pid {main}")
+
+
+def test_a_rank_killed_on_node_1_restarts_both_nodes_with_one_bump(
+    pair: tuple[GroupDeployment, GroupDeployment],
+) -> None:
+    """Node 1's TP3 dies: one generation bump, both daemons relaunch their node, both serve again."""
+    n0, n1 = pair
+    assert n0.group()["generation"] == 1 and n0.group()["group_up"]
+    before = (n0.server()["pid"], n1.server()["pid"])
+    kill_rank(n1, "sglang::scheduler_TP3")
+    for n in (n0, n1):
+        n.wait(
+            lambda s: s["state"] == "serving" and s["pid"] not in before,
+            READY_S,
+            "each node relaunched and serving",
+        )
+    g0, g1 = n0.group(), n1.group()
+    assert g0["generation"] == g1["generation"] == 2
+    assert "crash" in g0["reason"] and g0["members"]["1"]["state"] == "serving"
+    assert n0.status()["servers"][0]["fallback"]["rung"] == n1.status()["servers"][0]["fallback"]["rung"]
