@@ -96,7 +96,8 @@ def test_a_rank_killed_on_node_1_restarts_both_nodes_with_one_bump(
 ) -> None:
     """Node 1's TP3 dies: one generation bump, both daemons relaunch their node, both serve again."""
     n0, n1 = pair
-    assert n0.group()["generation"] == 1 and n0.group()["group_up"]
+    n0.wait(lambda s: bool(n0.group()["group_up"]), READY_S, "node 0 seeing both nodes up")
+    assert n0.group()["generation"] == 1
     before = (n0.server()["pid"], n1.server()["pid"])
     kill_rank(n1, "sglang::scheduler_TP3")
     for n in (n0, n1):
@@ -109,3 +110,40 @@ def test_a_rank_killed_on_node_1_restarts_both_nodes_with_one_bump(
     assert g0["generation"] == g1["generation"] == 2
     assert "crash" in g0["reason"] and g0["members"]["1"]["state"] == "serving"
     assert n0.status()["servers"][0]["fallback"]["rung"] == n1.status()["servers"][0]["fallback"]["rung"]
+
+
+def test_a_killed_node_1_daemon_restarts_the_group_when_it_returns(
+    pair: tuple[GroupDeployment, GroupDeployment],
+) -> None:
+    """Node 1's daemon SIGKILLed: its lease expires, node 0 releases and waits; the daemon returns, both serve again."""
+    n0, n1 = pair
+    assert n1.daemon is not None
+    os.killpg(n1.daemon.pid, signal.SIGKILL)
+    n1.daemon.wait(timeout=10)
+    n0.wait(lambda s: s["state"] == "backoff", READY_S, "node 0 released and waiting at the barrier")
+    group = n0.group()
+    assert group["generation"] == 2 and "node 1 lost" in group["reason"]
+    assert group["barrier"]["missing"] == [1] and "1" not in group["members"]
+    n1.start()
+    for n in (n0, n1):
+        n.wait(lambda s: s["state"] == "serving", READY_S, "each node serving again")
+    assert n0.group()["generation"] == n1.group()["generation"] == 2
+
+
+def test_etcd_down_changes_nothing_on_healthy_nodes(
+    etcd: EtcdServer, pair: tuple[GroupDeployment, GroupDeployment]
+) -> None:
+    """etcd stopped and started again: both nodes keep serving the same trees at generation 1, etcd flagged."""
+    n0, n1 = pair
+    pids = (n0.server()["pid"], n1.server()["pid"])
+    etcd.stop()
+    for n in (n0, n1):
+        deadline = READY_S
+        n.wait(lambda s, n=n: not n.group()["etcd_reachable"], deadline, "the daemon noticing etcd gone")
+        assert n.server()["state"] == "serving"
+    etcd.start()
+    for n in (n0, n1):
+        n.wait(lambda s, n=n: bool(n.group()["etcd_reachable"]), READY_S, "the daemon reconnected")
+    assert (n0.server()["pid"], n1.server()["pid"]) == pids
+    assert n0.group()["generation"] == n1.group()["generation"] == 1
+    assert n0.server()["state"] == n1.server()["state"] == "serving"
