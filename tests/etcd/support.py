@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -138,3 +139,34 @@ class Proxy:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+
+class ThreadedProxy:
+    """A `Proxy` running on its own event loop thread, for tests that drive daemons synchronously."""
+
+    def __init__(self, target_port: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.proxy = Proxy(target_port)
+        self.thread = threading.Thread(target=self.loop.run_forever, name="etcd-proxy", daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.proxy.start(), self.loop).result(timeout=10)
+
+    @property
+    def url(self) -> str:
+        """The URL to give a daemon instead of etcd's."""
+        return self.proxy.url
+
+    def cut(self) -> None:
+        """Partition the daemons behind this proxy from etcd."""
+        self.loop.call_soon_threadsafe(self.proxy.cut)
+
+    def heal(self) -> None:
+        """End the partition."""
+        self.loop.call_soon_threadsafe(self.proxy.heal)
+
+    def close(self) -> None:
+        """Stop the proxy and its thread."""
+        asyncio.run_coroutine_threadsafe(self.proxy.close(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()

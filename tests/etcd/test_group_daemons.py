@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tests.e2e.support import Deployment, free_port, q
-from tests.etcd.support import EtcdServer
+from tests.etcd.support import EtcdServer, ThreadedProxy
 
 pytestmark = pytest.mark.etcd
 
@@ -61,14 +61,26 @@ class GroupDeployment(Deployment):
 
 
 @pytest.fixture
-def pair(tmp_path: Path, etcd: EtcdServer) -> Iterator[tuple[GroupDeployment, GroupDeployment]]:
-    """Both daemons started and their group serving at generation 1."""
+def proxy(etcd: EtcdServer) -> Iterator[ThreadedProxy]:
+    """A cuttable proxy in front of etcd, through which node 1's daemon talks to it."""
+    p = ThreadedProxy(etcd.client_port)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.fixture
+def pair(
+    tmp_path: Path, etcd: EtcdServer, proxy: ThreadedProxy
+) -> Iterator[tuple[GroupDeployment, GroupDeployment]]:
+    """Both daemons started (node 1 behind the proxy) and their group serving at generation 1."""
     addr = f"127.0.0.1:{free_port()}"
     nodes = []
-    for rank in (0, 1):
+    for rank, url in ((0, etcd.url), (1, proxy.url)):
         root = tmp_path / f"node{rank}"
         root.mkdir()
-        nodes.append(GroupDeployment(root, rank=rank, etcd_url=etcd.url, dist_addr=addr))
+        nodes.append(GroupDeployment(root, rank=rank, etcd_url=url, dist_addr=addr))
     try:
         for n in nodes:
             n.start()
@@ -147,3 +159,20 @@ def test_etcd_down_changes_nothing_on_healthy_nodes(
     assert (n0.server()["pid"], n1.server()["pid"]) == pids
     assert n0.group()["generation"] == n1.group()["generation"] == 1
     assert n0.server()["state"] == n1.server()["state"] == "serving"
+
+
+def test_a_partitioned_node_never_relaunches_alone(
+    proxy: ThreadedProxy, pair: tuple[GroupDeployment, GroupDeployment]
+) -> None:
+    """Node 1 cut off from etcd: node 0 restarts the group and waits; node 1 keeps its tree; healed, both serve."""
+    n0, n1 = pair
+    pid1 = n1.server()["pid"]
+    proxy.cut()
+    n0.wait(lambda s: s["state"] == "backoff", READY_S, "node 0 released after node 1's lease expired")
+    n1.wait(lambda s: not n1.group()["etcd_reachable"], READY_S, "node 1 noticing the partition")
+    assert n0.group()["generation"] == 2 and n0.group()["barrier"]["missing"] == [1]
+    assert n1.server()["pid"] == pid1 and n1.group()["generation"] == 1
+    proxy.heal()
+    for n in (n0, n1):
+        n.wait(lambda s: s["state"] == "serving" and s["pid"] != pid1, READY_S, "each node serving again")
+    assert n0.group()["generation"] == n1.group()["generation"] == 2
