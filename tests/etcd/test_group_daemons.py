@@ -6,58 +6,17 @@ import contextlib
 import os
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
-from tests.e2e.support import Deployment, free_port, q
-from tests.etcd.support import EtcdServer, ThreadedProxy
+from tests.e2e.support import free_port
+from tests.etcd.support import EtcdServer, GroupDeployment, ThreadedProxy
 
 pytestmark = pytest.mark.etcd
 
 READY_S = 120.0
-
-
-@dataclass
-class GroupDeployment(Deployment):
-    """A daemon whose one server is node `rank` of group "g" (tp 4 over 2 nodes)."""
-
-    rank: int = 0
-    etcd_url: str = ""
-    dist_addr: str = ""
-
-    def write(self) -> None:
-        """The deployment's config plus the multi-node flags and the [group] section."""
-        self.tp = 4
-        self.extra_args = [
-            "--nnodes", "2", "--node-rank", str(self.rank), "--dist-init-addr", self.dist_addr,
-        ]  # fmt: skip
-        self.env = {**self.env, "SGLANG_SIM_DIST_INIT_TIMEOUT_S": "20"}
-        if self.rank > 0:
-            self.probes = {**self.probes, "canary_mode": "off", "stream_canary_period_s": 0}
-        self.restart = {"initial_s": 0.2, "max_s": 1.0, **self.restart}
-        super().write()
-        group = [
-            "[group]",
-            'name = "g"',
-            'server = "sim"',
-            f"node_rank = {self.rank}",
-            "nnodes = 2",
-            "lease_ttl_s = 2",
-            "barrier_timeout_s = 60",
-            "[group.etcd]",
-            f"endpoints = [{q(self.etcd_url)}]",
-            "timeout_s = 2",
-        ]
-        with self.config_path.open("a") as fh:
-            fh.write("\n".join(group) + "\n")
-
-    def group(self) -> dict[str, Any]:
-        """The `group` block of /status."""
-        return dict(self.status()["group"])
 
 
 @pytest.fixture
