@@ -97,9 +97,11 @@ def bench(quick: bool) -> dict[str, Any]:
                 g = generation(nodes[0])
                 t0 = time.monotonic()
                 kill_rank(nodes[1], "sglang::scheduler_TP3")
-                if not wait_for(
-                    lambda g=g: all_serving(nodes, g + 1) or generation(nodes[0]) > g + 1, READY_S
-                ):
+
+                def settled(g: int = g) -> bool:
+                    return all_serving(nodes, g + 1) or generation(nodes[0]) > g + 1
+
+                if not wait_for(settled, READY_S):
                     say(f"round {i}: the group did not serve again")
                     continue
                 times.append(time.monotonic() - t0)
