@@ -22,6 +22,10 @@ name = "main"
 command = ["python", "-m", "sglang.launch_server"]
 args = ["--model-path", "m", "--tp-size", "16", {args}]
 
+[servers.probes]
+canary_mode = "off"
+stream_canary_period_s = 0
+
 [group]
 name = "g"
 server = "{server}"
@@ -113,3 +117,15 @@ def test_a_barrier_timeout_within_one_lease_ttl_is_rejected(tmp_path: Path) -> N
     """A barrier timeout no longer than the lease TTL (10 s) is named at group.barrier_timeout_s."""
     error = load(tmp_path, extra="barrier_timeout_s = 5", args=GOOD)
     assert error is not None and [e.path for e in error.errors] == ["group.barrier_timeout_s"]
+
+
+def test_a_node_above_0_must_turn_its_canaries_off(tmp_path: Path) -> None:
+    """Node 1 answers only SGLang's dummy /health: canaries left on are named at servers[0].probes."""
+    path = tmp_path / "sup.toml"
+    doc = DOC.format(args=GOOD, server="main", extra="", etcd="").replace(
+        'canary_mode = "off"', 'canary_mode = "require"'
+    )
+    path.write_text(doc)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert [e.path for e in info.value.errors] == ["servers[0].probes"]

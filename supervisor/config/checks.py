@@ -43,7 +43,10 @@ def check_config(config: Config, env: Mapping[str, str]) -> list[FieldError]:
         listed = [s.name for s in config.servers]
         member = next((s for s in config.servers if s.name == config.group.server), None)
         arg = member.arg if member is not None else (lambda flag: None)
-        errors += [FieldError(*p) for p in check_group(config.group, listed, arg)]
+        canaries = (
+            (member.probes.canary_mode, member.probes.stream_canary_period_s) if member else ("off", 0.0)
+        )
+        errors += [FieldError(*p) for p in check_group(config.group, listed, arg, canaries)]
     alerts = config.alerts
     sinks = {
         "webhook.url": alerts.webhook and (alerts.webhook.url_file, alerts.webhook.url_env, True),

@@ -85,9 +85,15 @@ Problem = tuple[str, object, str]
 
 
 def check_group(
-    group: GroupConfig, server_names: Sequence[str], arg: Callable[[str], str | None]
+    group: GroupConfig,
+    server_names: Sequence[str],
+    arg: Callable[[str], str | None],
+    canaries: tuple[str, float] = ("off", 0.0),
 ) -> list[Problem]:
-    """Checks across `[group]`, its files and the member server's SGLang arguments (`arg` reads one)."""
+    """Checks across `[group]`, its files and the member server's SGLang arguments (`arg` reads one).
+
+    `canaries`: the member's (canary_mode, stream_canary_period_s); a node ≥ 1 serves no API to run them on.
+    """
     problems: list[Problem] = []
     if group.server not in server_names:
         return [("group.server", group.server, f"the name of a [[servers]] entry: {list(server_names)}")]
@@ -101,6 +107,12 @@ def check_group(
     addr = arg("--dist-init-addr")
     if addr is None or not _HOST_PORT.match(addr) or not 0 < int(addr.rsplit(":", 1)[1]) < 65536:
         problems.append((at, addr, "--dist-init-addr HOST:PORT (node 0's address, the same on every node)"))
+    if group.node_rank > 0 and canaries != ("off", 0):
+        at_probes = at.removesuffix(".args") + ".probes"
+        allowed = (
+            "canary_mode = 'off' and stream_canary_period_s = 0: a node ≥ 1 answers only a dummy /health"
+        )
+        problems.append((at_probes, list(canaries), allowed))
     etcd = group.etcd
     for key in ("ca_file", "cert_file", "key_file", "password_file"):
         path = getattr(etcd, key)
