@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from simulator.logs import log, uvicorn
+from simulator.teardown import Crash, kill_tree
 
 if TYPE_CHECKING:
     from simulator.cli import SimServerArgs
@@ -168,8 +169,6 @@ def rendezvous(launch: Launch) -> Hub | Follower:
             f"torch.distributed.DistStoreError: Timed out after {waited:g} seconds waiting for clients. "
             f"{len(link.peers) + 1 if isinstance(link, Hub) else 1}/{args.nnodes} clients joined."
         )
-        from simulator.lifecycle import kill_tree
-
         kill_tree(include_parent=False, exit_code=1)
     log("Init torch distributed ends.")
     return link
@@ -177,8 +176,6 @@ def rendezvous(launch: Launch) -> Hub | Follower:
 
 async def serve_worker(launch: Launch, follower: Follower) -> None:
     """A node ≥ 1: relay steps, serve the dummy health server, die with a crashed rank, stop on SIGTERM."""
-    from simulator.lifecycle import Crash, kill_tree
-
     args = launch.args
     threading.Thread(target=follower.serve, args=(launch.conns, launch.leaders), daemon=True).start()
 
