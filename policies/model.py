@@ -212,6 +212,9 @@ class ProbeSettings:
     unresponsive_after_s: float = 120.0  # 503/timeouts with no progress this long -> health_unresponsive
     canary_mode: str = "require"  # require | advisory | off (docs/config.md, "Canary gating")
     canary_inconclusive_limit: int = 3  # inconclusive canaries with /health 200 before serving unproven
+    # the server's `--api-key`, sent as `Authorization: Bearer` (SGLang requires it on all but /health*,
+    # /ready*, /metrics); never shown: not in repr, and masked wherever the daemon prints or stores anything
+    api_key: str | None = field(default=None, repr=False)
 
     @property
     def canaries_on(self) -> bool:

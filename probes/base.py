@@ -9,5 +9,18 @@ if TYPE_CHECKING:
 
 
 async def read_capped(resp: ClientResponse, limit: int) -> bytes:
-    """At most `limit` bytes of a response body; longer bodies are cut, never buffered whole."""
-    return await resp.content.read(limit)
+    """The body up to its end or `limit` bytes, whichever comes first; a longer body is cut, never buffered
+    whole (`len(result) == limit` says it may have been cut). A single `read(limit)` would return only what
+    has arrived so far and split a slow or chunked body."""
+    body = bytearray()
+    while len(body) < limit:
+        chunk = await resp.content.read(limit - len(body))
+        if not chunk:
+            break
+        body += chunk
+    return bytes(body)
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """`Authorization: Bearer <key>` when the server requires a key (SGLang's `--api-key`), else nothing."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 from policies.leaks import (
     FAIL,
@@ -26,7 +27,7 @@ from policies.leaks import (
     judge_tool,
 )
 from policies.model import Observation, ProbeSettings
-from probes.base import read_capped
+from probes.base import auth_headers, read_capped
 
 TOOL_NAME = "get_weather"
 MAX_BODY = 1024 * 1024
@@ -49,6 +50,10 @@ TOOLS = [
     }
 ]
 REASONING_ANSWER = "42"
+# What a hostile or broken body can raise while it is read or decoded, besides aiohttp's ClientError: an
+# over-long line (LineTooLong, an HttpProcessingError), malformed JSON, JSON nested deeper than the recursion
+# limit, JSON of the wrong shape.
+MALFORMED = (HttpProcessingError, ValueError, TypeError, AttributeError, KeyError, IndexError, RecursionError)
 
 
 def tool_body(model: str, city: str, max_tokens: int, stream: bool, rid: str = "") -> dict[str, Any]:
@@ -175,10 +180,13 @@ async def chat(
     body: dict[str, Any],
     timeout_s: float,
     max_bytes: int = MAX_BODY,
+    api_key: str | None = None,
 ) -> ChatResult:
     """POST a chat completion (streamed or not) and reassemble it; never raises."""
     try:
-        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with session.post(
+            url, json=body, headers=auth_headers(api_key), timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp:
             if resp.status != 200:
                 await read_capped(resp, 4096)
                 return ChatResult(resp.status)
@@ -188,8 +196,10 @@ async def chat(
             return await _read_stream(resp, max_bytes)
     except TimeoutError:
         return ChatResult(None, error=f"no answer within {timeout_s:g}s")
-    except (aiohttp.ClientError, OSError, ValueError) as exc:
+    except (aiohttp.ClientError, OSError) as exc:
         return ChatResult(None, error=f"{type(exc).__name__}: {exc}"[:200])
+    except MALFORMED as exc:
+        return ChatResult(None, error=f"malformed body: {type(exc).__name__}: {str(exc)[:120]}")
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, max_bytes: int) -> ChatResult:
@@ -237,6 +247,7 @@ async def tool_canary(
         url,
         tool_body(model, city, settings.canary_max_tokens, False, rid + "-0"),
         settings.canary_timeout_s,
+        api_key=settings.api_key,
     )
     v_plain = judge_tool(plain, TOOL_NAME, city)
     if v_plain.verdict == FAIL or not v_plain.answered:
@@ -246,6 +257,7 @@ async def tool_canary(
         url,
         tool_body(model, city, settings.canary_max_tokens, True, rid + "-1"),
         settings.canary_timeout_s,
+        api_key=settings.api_key,
     )
     v_stream = judge_tool(streamed, TOOL_NAME, city)
     return _observation("canary_tool", judge_pair(v_plain, v_stream), start, rid=rid)
@@ -265,6 +277,7 @@ async def reasoning_canary(
         f"{base_url}/v1/chat/completions",
         reasoning_body(model, settings.canary_max_tokens),
         settings.canary_timeout_s,
+        api_key=settings.api_key,
     )
     return _observation("canary_reasoning", judge_reasoning(result, REASONING_ANSWER), start)
 
@@ -278,12 +291,14 @@ async def config_check(session: aiohttp.ClientSession, base_url: str, settings: 
     }
     try:
         async with session.get(
-            f"{base_url}/server_info", timeout=aiohttp.ClientTimeout(total=settings.canary_timeout_s)
+            f"{base_url}/server_info",
+            headers=auth_headers(settings.api_key),
+            timeout=aiohttp.ClientTimeout(total=settings.canary_timeout_s),
         ) as resp:
             status = resp.status
             raw = await read_capped(resp, MAX_BODY) if status == 200 else b""
         info = json.loads(raw) if raw else {}
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+    except (aiohttp.ClientError, OSError, TimeoutError, *MALFORMED) as exc:
         return _observation(
             "config_check",
             Verdict(INCONCLUSIVE, f"/server_info: {type(exc).__name__}", answered=False),
@@ -293,6 +308,10 @@ async def config_check(session: aiohttp.ClientSession, base_url: str, settings: 
         return _observation(
             "config_check", Verdict(INCONCLUSIVE, f"/server_info HTTP {status}", answered=False), start
         )
+    absent = [k for k, v in expected.items() if v is not None and k not in info]
+    if absent:  # SGLang always lists both parsers (null when unset): this body is not its server_info
+        reason = f"/server_info lacks {', '.join(absent)}"
+        return _observation("config_check", Verdict(INCONCLUSIVE, reason, answered=False), start)
     actual = {k: info.get(k) for k in expected}
     wrong = [
         f"{k}={actual[k]!r} (expected {v!r})" for k, v in expected.items() if v is not None and actual[k] != v

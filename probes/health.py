@@ -13,18 +13,27 @@ import time
 import aiohttp
 
 from policies.model import HealthValues, Observation
+from probes.base import auth_headers
 
 
 async def probe_health(
-    session: aiohttp.ClientSession, base_url: str, timeout_s: float, path: str = "/health"
+    session: aiohttp.ClientSession,
+    base_url: str,
+    timeout_s: float,
+    path: str = "/health",
+    api_key: str | None = None,
 ) -> Observation:
-    """One GET of `path`; ok only for 200. Values: status (int|None), refused, timeout."""
+    """One GET of `path`; ok only for 200. Values: status (int|None), refused, timeout.
+
+    SGLang never asks for the key on `/health*`; it is sent anyway for proxies in front of it."""
     start = time.monotonic()
     status: int | None = None
     refused = timed_out = False
     error = ""
     try:
-        async with session.get(f"{base_url}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with session.get(
+            f"{base_url}{path}", headers=auth_headers(api_key), timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp:
             status = resp.status
     except aiohttp.ClientConnectorError as exc:
         refused = True

@@ -10,6 +10,7 @@ for `stall_after_s` is a stall. Log batch lines and a GPU drawing real power als
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from policies.model import Observation, ProgressValues
-from probes.base import read_capped
+from probes.base import auth_headers, read_capped
 
 GENERATION_ENDPOINTS = frozenset(
     {"/generate", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
@@ -27,6 +28,7 @@ PD_QUEUES = {
     "prefill": ("sglang:num_prefill_inflight_queue_reqs", "sglang:num_prefill_bootstrap_queue_reqs"),
 }
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+METRICS_TYPES = ("text/plain", "application/openmetrics-text")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -180,18 +182,32 @@ class ProgressTracker:
 
 
 async def scrape_metrics(
-    session: aiohttp.ClientSession, base_url: str, timeout_s: float, max_bytes: int
+    session: aiohttp.ClientSession,
+    base_url: str,
+    timeout_s: float,
+    max_bytes: int,
+    api_key: str | None = None,
 ) -> tuple[list[Sample] | None, str, float]:
-    """GET /metrics with a timeout and a byte cap: (samples or None, error, latency)."""
+    """GET /metrics with a timeout and a byte cap: (samples or None, error, latency).
+
+    A body that is not a Prometheus exposition (wrong content type), longer than `max_bytes`, or cut short
+    is a failed scrape, never a partial one. Parsing runs in a thread: a large body must not stall the loop.
+    """
     start = time.monotonic()
     try:
-        async with session.get(f"{base_url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with session.get(
+            f"{base_url}/metrics",
+            headers=auth_headers(api_key),
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
             if resp.status != 200:
                 return None, f"HTTP {resp.status}", time.monotonic() - start
-            body = await read_capped(resp, max_bytes)
+            if resp.content_type not in METRICS_TYPES:
+                return None, f"content type {resp.content_type[:60]!r}", time.monotonic() - start
+            body = await read_capped(resp, max_bytes + 1)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         return None, type(exc).__name__, time.monotonic() - start
-    text = body.decode("utf-8", "replace")
-    if len(body) >= max_bytes:
-        text = text.rsplit("\n", 1)[0]
-    return parse_metrics(text), "", time.monotonic() - start
+    if len(body) > max_bytes:
+        return None, f"body over {max_bytes} bytes", time.monotonic() - start
+    samples = await asyncio.to_thread(parse_metrics, body.decode("utf-8", "replace"))
+    return samples, "", time.monotonic() - start

@@ -44,6 +44,7 @@ async def stream_canary(
                 url,
                 tool_body(model, city, settings.canary_max_tokens, True),
                 settings.canary_timeout_s,
+                api_key=settings.api_key,
             )
             for city in cities
         )
