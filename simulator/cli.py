@@ -109,6 +109,7 @@ class SimServerArgs:
     port: int = 30000
     skip_server_warmup: bool = False
     api_key: str | None = dataclasses.field(default=None, repr=False)
+    admin_api_key: str | None = dataclasses.field(default=None, repr=False)
     served_model_name: str | None = None
     stream_interval: int = 1
     log_level: str = "info"
@@ -146,8 +147,9 @@ class SimServerArgs:
         info: dict[str, object] = {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "argv"
         }
-        if self.api_key is not None:
-            info["api_key"] = "<redacted>"
+        for key in ("api_key", "admin_api_key"):
+            if info[key] is not None:
+                info[key] = "<redacted>"
         return info
 
 
@@ -196,6 +198,7 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("port", "Port of the HTTP server.", int),
     _Flag("skip_server_warmup", "Skip the warmup request."),
     _Flag("api_key", "API key clients must present.", str),
+    _Flag("admin_api_key", "API key of the admin endpoints.", str),
     _Flag("served_model_name", "Model name reported by the OpenAI-compatible API.", str),
     _Flag("stream_interval", "Tokens between two streamed chunks.", int),
     _Flag("log_level", "Logging level.", str),

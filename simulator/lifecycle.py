@@ -312,7 +312,8 @@ async def warmup(launch: Launch, server: SimServer) -> None:
         launch.state.status = "Up"
         log("The server is fired up and ready to roll!")
         return
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}  # as SGLang's warmup does
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600), headers=headers) as session:
         for _ in range(120):
             with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                 async with session.get(f"{base}/model_info", timeout=aiohttp.ClientTimeout(total=5)) as resp:

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from simulator import pd
+from simulator import auth, pd
 from simulator.cli import SimServerArgs
 from simulator.engine import Engine
 from simulator.errors import MAX_BODY, error, error_body, read_json
@@ -115,7 +115,9 @@ class SimServer:
         self.metrics.http_begin(path, request.method)
         status = 500
         try:
-            response = await handler(request)
+            response = auth.denied(request, self.args.api_key, self.args.admin_api_key) or await handler(
+                request
+            )
             status = response.status
             return response
         except web.HTTPRequestEntityTooLarge:

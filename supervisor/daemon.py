@@ -30,6 +30,7 @@ from supervisor.loop.incidents import IncidentBook
 from supervisor.loop.server import ServerLoop, Services
 from supervisor.records.journal import IncidentJournal
 from supervisor.records.statefile import StateFile
+from supervisor.redaction import register_config, secret_file_warnings
 from supervisor.reporting import sdnotify
 from supervisor.reporting.metrics import SupervisorMetrics
 from supervisor.reporting.status_http import StatusServer
@@ -51,6 +52,9 @@ class Daemon:
     ) -> None:
         self.config = config
         self.config_path = config_path
+        register_config(config)
+        for warning in secret_file_warnings(config):
+            log.warning("config.secret_file_readable", warning=warning)
         sup = config.supervisor
         Path(sup.state_dir).mkdir(parents=True, exist_ok=True)
         Path(sup.log_dir).mkdir(parents=True, exist_ok=True)
@@ -170,6 +174,7 @@ class Daemon:
                 "config.reload_rejected", reason="servers added or removed: restart the daemon to apply"
             )
             return
+        register_config(new)
         self.config = new
         self.svc.config = new
         for loop in self.loops:

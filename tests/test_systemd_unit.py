@@ -109,6 +109,7 @@ def test_service_settings_for_a_gpu_owning_notify_daemon() -> None:
         "ProtectHome": "yes",
         "DevicePolicy": "closed",
         "LimitMEMLOCK": "infinity",
+        "UMask": "0027",
     }
     for key, value in single.items():
         assert values(key) == [value], key

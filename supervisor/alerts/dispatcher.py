@@ -174,6 +174,7 @@ class AlertDispatcher:
         self._session = None
 
     def _enqueue(self, incident: Incident, status: str) -> None:
+        incident = incident.redacted()  # no key in argv, evidence or reason reaches a sink
         for lane in self._lanes:
             try:
                 lane.queue.put_nowait((incident, status))

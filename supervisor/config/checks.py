@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -27,6 +28,9 @@ def check_config(config: Config, env: Mapping[str, str]) -> list[FieldError]:
         errors.append(
             FieldError("supervisor.http.token_file", str(token), "an existing file (or '' for none)")
         )
+    if token is None and not sup.http.allow_public_without_token and not is_loopback(sup.http.host):
+        allowed = "a loopback address unless token_file is set (or allow_public_without_token = true)"
+        errors.append(FieldError("supervisor.http.host", sup.http.host, allowed))
     ports: dict[int, str] = {sup.http.port: "supervisor.http.port"} if sup.http.port else {}
     gpus: dict[int, str] = {}
     for i, server in enumerate(config.servers):
@@ -114,6 +118,9 @@ def _check_server(
                 FieldError(f"{at}.probes.expected_{key}_parser", value, "'auto', 'none' or a parser name")
             )
     errors += _check_resources(config, at, s, ports, gpus)
+    if s.api_key_file is not None and not s.api_key_file.is_file():
+        allowed = "an existing file holding the key"
+        errors.append(FieldError(f"{at}.api_key_file", str(s.api_key_file), allowed))
     raw_timeout = s.env.get("SGLANG_HEALTH_CHECK_TIMEOUT")
     if raw_timeout is not None and not raw_timeout.strip().isdigit():
         errors.append(
@@ -127,6 +134,16 @@ def _check_server(
     for issue in parse_ladders(s.policy.ladders)[1]:
         errors.append(FieldError(f"{at}.policy.ladders.{issue.path}", issue.value, issue.allowed))
     return errors
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback IP literals (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_resources(

@@ -43,6 +43,7 @@ class HttpConfig(_Model):
     host: str = "127.0.0.1"
     port: int = Field(9400, ge=0, le=65535)
     token_file: OptionalPath = None
+    allow_public_without_token: bool = False  # bind beyond loopback with no token: an explicit choice
 
 
 class RestartConfig(_Model):
@@ -116,6 +117,7 @@ class ServerConfig(_Model):
     startup_silence_s: float = Field(300, gt=0)
     drain_grace_s: float = Field(30, ge=0)
     depends_on: tuple[str, ...] = ()
+    api_key_file: OptionalPath = None  # the key the server requires, when it is not in args
     probes: ProbesConfig = ProbesConfig()
     policy: PolicyConfig = PolicyConfig()
 

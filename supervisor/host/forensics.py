@@ -23,18 +23,13 @@ from policies.argv import redact
 from probes.stacks import dump, py_spy_path
 from supervisor.config import SupervisorConfig
 from supervisor.records.incident import Incident
+from supervisor.redaction import env_for_display, hide
 
 log = structlog.get_logger()
-SECRET_KEY = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE|AUTH", re.IGNORECASE)
 BUDGET_S = 10.0
 KEEP_BUNDLES = 50
 KEEP_BYTES = 512 * 2**20
 LOG_LINES = 500
-
-
-def redact_env(env: dict[str, str]) -> dict[str, str]:
-    """Values of secret-looking variables replaced by `***`."""
-    return {k: ("***" if SECRET_KEY.search(k) else v) for k, v in env.items()}
 
 
 async def dump_stack(pid: int, timeout_s: float) -> str:
@@ -81,8 +76,10 @@ async def capture(
         name = f"stack-{_safe(title)}.txt"
         (bundle / name).write_text(f"# pid {pid} {title}\n{text}")
         files.append(name)
-    (bundle / "log-tail.txt").write_text("\n".join(list(evidence.log_tail)[-LOG_LINES:]) + "\n")
-    (bundle / "probes.json").write_text(json.dumps(dict(evidence.probes), indent=1, default=str))
+    tail = hide(list(evidence.log_tail)[-LOG_LINES:])
+    (bundle / "log-tail.txt").write_text("\n".join(tail) + "\n")
+    probes = hide(json.loads(json.dumps(dict(evidence.probes), default=str)))
+    (bundle / "probes.json").write_text(json.dumps(probes, indent=1))
     gpus: Any
     try:
         gpus = await asyncio.wait_for(evidence.gpus(), timeout=budget_s)
@@ -90,7 +87,7 @@ async def capture(
         gpus = {"error": str(exc)}
     (bundle / "gpus.json").write_text(json.dumps(gpus, indent=1, default=str))
     (bundle / "argv-env.json").write_text(
-        json.dumps({"argv": redact(evidence.argv), "env": redact_env(dict(evidence.env))}, indent=1)
+        json.dumps({"argv": hide(redact(evidence.argv)), "env": env_for_display(evidence.env)}, indent=1)
     )
     files += ["log-tail.txt", "probes.json", "gpus.json", "argv-env.json"]
     summary = {
@@ -98,7 +95,7 @@ async def capture(
         "server": incident.server,
         "fault": incident.fault,
         "detected_at": incident.detected_at,
-        "evidence": incident.evidence,
+        "evidence": hide(incident.evidence),
         "files": files,
         "ranks": {str(pid): title for pid, title in ranks.items()},
         "duration_s": round(time.monotonic() - start, 3),

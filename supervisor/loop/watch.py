@@ -23,6 +23,7 @@ from policies.triage import ServerFacts, TreeFacts, promotion, quiet, triage
 from supervisor.host import proctree
 from supervisor.loop.commands import Command, Outcome
 from supervisor.loop.host import MonitorSpec, ProbeMonitor
+from supervisor.redaction import server_api_key
 
 if TYPE_CHECKING:
     from policies.diagnose import Fault
@@ -53,6 +54,7 @@ def probe_settings(loop: ServerLoop) -> ProbeSettings:
         expected_reasoning_parser=expected[1] if expected else None,
         canary_mode=p.canary_mode,
         canary_inconclusive_limit=p.canary_inconclusive_limit,
+        api_key=server_api_key(loop.cfg),
     )
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from policies.argv import redact as redact_argv
+from supervisor.redaction import hide
+
 
 @dataclass(frozen=True)
 class Incident:
@@ -43,11 +46,17 @@ class Incident:
         return replace(self, recovered_at=recovered_at, time_to_serving_s=time_to_serving_s)
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (tuples become lists)."""
+        """A JSON-ready dict (tuples become lists); API keys in argv and every known secret masked."""
         data = asdict(self)
         for key in ("argv_before", "argv_after", "flags_added", "flags_removed"):
-            data[key] = list(data[key])
-        return data
+            data[key] = redact_argv(data[key])
+        shown = hide(data)
+        assert isinstance(shown, dict)
+        return shown
+
+    def redacted(self) -> Incident:
+        """A copy as it may leave the daemon (alerts): argv keys and every known secret masked."""
+        return Incident.from_json(self.to_json())
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Incident:

@@ -9,6 +9,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from policies.argv import redact as redact_argv
+from supervisor.redaction import hide
+
 
 @dataclass
 class ServerRecord:
@@ -17,7 +20,7 @@ class ServerRecord:
     run_id: str = ""
     pid: int | None = None
     pgid: int | None = None
-    argv: list[str] = field(default_factory=list)
+    argv: list[str] = field(default_factory=list)  # shown, never relaunched from: saved with keys masked
     levels: dict[str, int] = field(default_factory=dict)  # ladder key -> active rung
     history: list[list[Any]] = field(default_factory=list)  # [ladder key, rung] of past incidents
     state: str = "stopped"
@@ -51,7 +54,8 @@ class StateFile:
     def save(self) -> None:
         """Write atomically (tmp + fsync + rename)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"daemon_pid": os.getpid(), "servers": {k: asdict(v) for k, v in self.servers.items()}}
+        servers = {k: {**asdict(v), "argv": redact_argv(v.argv)} for k, v in self.servers.items()}
+        data = hide({"daemon_pid": os.getpid(), "servers": servers})  # argv is for display: no key in it
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as fh:
             json.dump(data, fh, indent=1)

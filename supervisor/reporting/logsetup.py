@@ -1,4 +1,4 @@
-"""structlog: JSON lines to stderr (the journal), a console renderer on a TTY; dotted event names."""
+"""structlog: JSON lines to stderr (the journal), a console renderer on a TTY; dotted event names; secrets masked."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import logging
 import sys
 
 import structlog
+
+from supervisor.redaction import scrub_event
 
 
 def configure(level: str = "info", json_logs: bool | None = None) -> None:
@@ -20,6 +22,7 @@ def configure(level: str = "info", json_logs: bool | None = None) -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            scrub_event,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),

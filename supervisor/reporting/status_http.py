@@ -1,7 +1,8 @@
 """The status endpoint: `/healthz`, `/status`, `/incidents`, `/metrics`, and token-guarded `/control/*`.
 
 Bound to loopback by default. Control endpoints answer 403 (with how to enable them) when no token is
-configured, 401 without or with a wrong bearer token (constant-time compare). Nothing secret is served.
+configured, 401 without or with a wrong bearer token (constant-time compare). Nothing secret is served:
+every body goes through `supervisor.redaction.hide`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import structlog
 from aiohttp import web
 
 from supervisor.config import HttpConfig
+from supervisor.redaction import hide
 from supervisor.reporting.metrics import CONTENT_TYPE
 
 log = structlog.get_logger()
@@ -103,8 +105,8 @@ class StatusServer:
 
     async def status(self, request: web.Request) -> web.Response:
         """Daemon and server state, recent incidents."""
-        body = json.dumps(self.source.status_document(), default=str)
-        return web.Response(text=body, content_type="application/json")
+        body = json.loads(json.dumps(self.source.status_document(), default=str))
+        return web.Response(text=json.dumps(hide(body)), content_type="application/json")
 
     async def incidents(self, request: web.Request) -> web.Response:
         """The incident journal, newest first, paged with `offset` and `limit` (≤ 500)."""
@@ -114,10 +116,8 @@ class StatusServer:
         except ValueError:
             return web.json_response({"error": "offset and limit must be integers"}, status=400)
         page = self.source.incidents_page(offset, limit)
-        return web.Response(
-            text=json.dumps({"offset": offset, "limit": limit, "incidents": page}, default=str),
-            content_type="application/json",
-        )
+        body = {"offset": offset, "limit": limit, "incidents": page}
+        return web.Response(text=json.dumps(hide(body), default=str), content_type="application/json")
 
     async def metrics(self, request: web.Request) -> web.Response:
         """Prometheus text exposition."""
