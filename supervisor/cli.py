@@ -84,6 +84,16 @@ def cmd_check(path: Path) -> int:
     except OSError as exc:
         print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
         return 1
+    from supervisor.host.preflight import command_problems
+    from supervisor.redaction import secret_file_warnings
+
+    for warning in secret_file_warnings(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
+    unrunnable = command_problems(cfg)
+    if unrunnable:
+        print(f"{path}: a server's command cannot run", file=sys.stderr)
+        print("\n".join(unrunnable), file=sys.stderr)
+        return 1
     problems = check_target_flags(cfg)
     if problems:
         print(f"{path}: the target rejects some flags", file=sys.stderr)
@@ -133,6 +143,12 @@ def cmd_run(path: Path, level: str) -> int:
         return EX_CONFIG
     except OSError as exc:
         print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
+        return EX_CONFIG
+    from supervisor.host.preflight import command_problems
+
+    unrunnable = command_problems(cfg)
+    if unrunnable:
+        print("\n".join(unrunnable), file=sys.stderr)
         return EX_CONFIG
     try:
         daemon = Daemon(cfg, path)

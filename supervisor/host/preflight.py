@@ -1,0 +1,108 @@
+"""Before a launch: can the server's command run at all, and is its port held by someone else?
+
+`command_problems` is a config error for `check-config` and `run` (a missing or non-executable program never
+becomes a crash loop). An interpreter that exists but lacks the module it is asked to run passes here; the
+flag check (`flaghelp`) then notes that the flags were not checked. `port_holders` names who listens on a
+port the server needs, before the launch rather than after a failed start and a release wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+
+from supervisor.host.proctree import RUN_MARKER, display_name, read_markers
+
+if TYPE_CHECKING:
+    from supervisor.config import Config, ServerConfig
+
+
+def command_problem(command: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:
+    """Why `command[0]` cannot be executed (missing, a directory, not executable), or None when it can.
+
+    A bare name is looked up on the PATH the child will get (the server's `env` PATH, else the daemon's).
+    """
+    if not command or not command[0]:
+        return "empty command"
+    program = command[0]
+    if os.sep not in program:
+        path = (env or {}).get("PATH", os.environ.get("PATH", os.defpath))
+        return None if shutil.which(program, path=path) else f"{program!r} not found on PATH"
+    target = Path(program)
+    if not target.exists():
+        return f"{program} does not exist"
+    if not target.is_file():
+        return f"{program} is not a file"
+    if not os.access(target, os.X_OK):
+        return f"{program} is not executable"
+    return None
+
+
+def command_problems(config: Config) -> list[str]:
+    """One line per server whose command cannot run (`servers[i].command: why`)."""
+    out: list[str] = []
+    for i, server in enumerate(config.servers):
+        why = command_problem(server.command, server.env)
+        if why:
+            out.append(f"servers[{i}].command ({server.name}): {why}")
+    return out
+
+
+@dataclass(frozen=True)
+class PortHolder:
+    """A port the server needs that something already listens on."""
+
+    port: int
+    pid: int | None  # None when the owner is not visible to us (another user's process)
+    name: str
+    ours: bool  # carries a run marker of this daemon: a leftover to reap, not a foreign process
+
+    def describe(self) -> str:
+        """One line for the status: `port 30000 held by pid 4242 (nginx)`."""
+        who = f"pid {self.pid} ({self.name})" if self.pid is not None else "a process we cannot see"
+        return f"port {self.port} held by {who}" + (" of a previous run" if self.ours else "")
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when binding `host:port` fails (someone listens, or holds it bound)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def port_holders(ports: Sequence[int], host: str = "127.0.0.1") -> list[PortHolder]:
+    """Who holds each of `ports` (only ports that cannot be bound are listed)."""
+    busy = [p for p in dict.fromkeys(ports) if port_in_use(p, host)]
+    if not busy:
+        return []
+    listeners: dict[int, int | None] = {}
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port in busy:
+                listeners.setdefault(conn.laddr.port, conn.pid)
+    holders: list[PortHolder] = []
+    for port in busy:
+        pid = listeners.get(port)
+        if pid is None:
+            holders.append(PortHolder(port, None, "unknown", False))
+            continue
+        holders.append(PortHolder(port, pid, display_name(pid), RUN_MARKER in read_markers(pid)))
+    return holders
+
+
+def foreign_port_holders(cfg: ServerConfig, host: str = "127.0.0.1") -> list[PortHolder]:
+    """Holders of the server's HTTP and extra ports that are not processes of ours."""
+    ports = sorted({cfg.http_port, *cfg.ports})
+    return [h for h in port_holders(ports, host) if not h.ours]
