@@ -4,7 +4,9 @@ The child gets ``CUDA_VISIBLE_DEVICES`` for its GPUs and the run marker (``SGLSU
 ``SGLSUP_SERVER``) that ``proctree`` and ``reaper`` use to find everything of this run later.
 stdout and stderr are merged into one pipe; a reader thread splits it into lines (each at most 16 KiB),
 appends them to the log file (size-based rotation, N kept) and to a ``deque(maxlen=ring_lines)``, so a
-log flood costs disk up to ``rotate_bytes * (rotate_keep + 1)`` and a fixed amount of memory.
+log flood costs disk up to ``rotate_bytes * (rotate_keep + 1)`` and a fixed amount of memory. Whole lines are
+handled in bulk (tens of MB/s, so the server never blocks on its stdout), and the catalogued lines a flood
+pushes out of the ring before the monitor reads it are kept aside (``lognotice``).
 
 ``SPT_NOENV=1`` is set too: without it ``setproctitle`` (which SGLang uses to title its ranks) reuses the
 environment block for the title, and ``/proc/<pid>/environ`` of every rank loses the run marker.
@@ -23,12 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from supervisor.host.lognotice import NotableLines
 from supervisor.host.proctree import RUN_MARKER, SERVER_MARKER
 
 MiB = 1024 * 1024
 LINE_LIMIT = 16 * 1024
 TRUNCATED = " …[truncated]"
-_READ_CHUNK = 64 * 1024
+_READ_CHUNK = 1024 * 1024
 _POLL_S = 0.2
 
 
@@ -116,7 +119,8 @@ class Launched:
         self.log_path = log.path
         self._proc = proc
         self._log = log
-        self._ring: deque[str] = deque(maxlen=ring_lines)
+        self._ring: deque[bytes] = deque(maxlen=ring_lines)
+        self._notable = NotableLines()
         self._count = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -128,14 +132,24 @@ class Launched:
     def tail(self, n: int) -> list[str]:
         """The last ``n`` captured lines (fewer if the ring holds fewer)."""
         with self._lock:
-            return list(self._ring)[-n:] if n > 0 else []
+            raw = list(self._ring)[-n:] if n > 0 else []
+        return [_text(line) for line in raw]
 
     def lines_since(self, cursor: int) -> tuple[list[str], int]:
-        """Lines captured after ``cursor`` (start with 0) still in the ring, and the next cursor."""
+        """Lines captured after ``cursor`` (start with 0): those still in the ring, preceded by the catalogued
+        lines (errors, warnings, startup progress) of any stretch that a flood pushed out of it; and the next
+        cursor."""
         with self._lock:
             first = self._count - len(self._ring)
             start = max(cursor, first) - first
-            return list(self._ring)[start:], self._count
+            raw = self._notable.between(cursor, first) + list(self._ring)[start:]
+            count = self._count
+        return [_text(line) for line in raw], count
+
+    @property
+    def unscanned_lines(self) -> int:
+        """Lines of floods of unique lines too fast to classify (they are still in the log file)."""
+        return self._notable.unscanned_lines
 
     def returncode(self) -> int | None:
         """Exit status (negative = killed by that signal), or None while it runs. Reaps the process."""
@@ -170,14 +184,31 @@ class Launched:
             stream.close()
 
     def _feed(self, chunk: bytes) -> None:
+        """Whole lines of a chunk in bulk (one write, one ring extend); over-long lines one by one."""
         self._pending += chunk
-        *lines, rest = self._pending.split(b"\n")
-        for line in lines:
-            if self._discarding:
-                self._discarding = False
-            else:
+        end = self._pending.rfind(b"\n")
+        if end < 0:
+            self._overflow()
+            return
+        block = bytes(self._pending[: end + 1])
+        del self._pending[: end + 1]
+        lines = block[:-1].split(b"\n")
+        if self._discarding:  # the rest of an over-long line already emitted cut
+            self._discarding = False
+            block = block[len(lines[0]) + 1 :]
+            lines = lines[1:]
+        if lines and max(map(len, lines)) <= LINE_LIMIT:
+            self._log.write(block)
+            self._notable.scan(block, lines, self._count)
+            with self._lock:
+                self._ring.extend(lines)
+                self._count += len(lines)
+        else:
+            for line in lines:
                 self._emit(line)
-        self._pending = bytearray(rest)
+        self._overflow()
+
+    def _overflow(self) -> None:
         if len(self._pending) > LINE_LIMIT:
             if not self._discarding:
                 self._emit(bytes(self._pending))
@@ -185,13 +216,16 @@ class Launched:
             self._pending.clear()
 
     def _emit(self, raw: bytes | bytearray) -> None:
-        text = bytes(raw[:LINE_LIMIT]).decode("utf-8", "replace").rstrip("\r")
-        if len(raw) > LINE_LIMIT:
-            text += TRUNCATED
-        self._log.write(text.encode("utf-8") + b"\n")
+        line = bytes(raw[:LINE_LIMIT]) + (TRUNCATED.encode() if len(raw) > LINE_LIMIT else b"")
+        self._log.write(line + b"\n")
+        self._notable.scan(line, [line], self._count)
         with self._lock:
-            self._ring.append(text)
+            self._ring.append(line)
             self._count += 1
+
+
+def _text(line: bytes) -> str:
+    return line.decode("utf-8", "replace").rstrip("\r")
 
 
 def spawn(
