@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-from benchmarks import bench_baselines, bench_detection
+from benchmarks import bench_baselines, bench_detection, bench_soak
 from benchmarks.common import parser, summary
 
 MODULES = [
@@ -15,6 +15,7 @@ MODULES = [
     "benchmarks.bench_detection",
     "benchmarks.bench_baselines",
     "benchmarks.bench_group",
+    "benchmarks.bench_soak",
 ]
 
 
@@ -45,6 +46,14 @@ def test_baselines_parser_accepts_quick_bound_and_only() -> None:
     """bench_baselines takes --quick, --bound and --only."""
     args = bench_baselines.build_parser().parse_args(["--quick", "--bound", "30", "--only", "healthy"])
     assert args.quick and args.bound == 30 and args.only == ["healthy"]
+
+
+@pytest.mark.unit
+def test_soak_parser_takes_minutes_seed_and_quiet() -> None:
+    """bench_soak defaults to 30 minutes; --minutes shortens it."""
+    assert bench_soak.build_parser().parse_args([]).minutes == 30
+    args = bench_soak.build_parser().parse_args(["--minutes", "5", "--seed", "3", "--quiet", "10"])
+    assert (args.minutes, args.seed, args.quiet) == (5, 3, 10)
 
 
 @pytest.mark.unit
