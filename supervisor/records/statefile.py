@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from policies.argv import redact as redact_argv
 from supervisor.redaction import hide
+
+log = structlog.get_logger()
 
 
 @dataclass
@@ -37,14 +40,32 @@ class StateFile:
 
     @classmethod
     def load(cls, path: Path) -> StateFile:
-        """Read the file; a missing or corrupt file is an empty state (the reaper still finds old trees by marker)."""
+        """Read the file; a missing one is an empty state. An unreadable, truncated or corrupt one is logged
+        (`state.unreadable`), kept aside as `state.json.corrupt`, and is an empty state too: the trees of earlier
+        runs are still found by their environment marker and reaped before any launch."""
         state = cls(path)
-        with contextlib.suppress(OSError, ValueError, TypeError):
+        try:
             data = json.loads(path.read_text())
             state.daemon_pid = int(data.get("daemon_pid", 0))
             for name, rec in dict(data.get("servers", {})).items():
                 known = {k: v for k, v in dict(rec).items() if k in ServerRecord.__dataclass_fields__}
                 state.servers[str(name)] = ServerRecord(**known)
+        except FileNotFoundError:
+            return state
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            aside = path.with_name(path.name + ".corrupt")
+            try:
+                os.replace(path, aside)
+            except OSError:
+                aside = path
+            log.error(
+                "state.unreadable",
+                path=str(path),
+                kept_as=str(aside),
+                error=f"{type(exc).__name__}: {exc}"[:200],
+                fallback="empty state; earlier runs are reaped by their environment marker",
+            )
+            return cls(path)
         return state
 
     def record(self, name: str) -> ServerRecord:
