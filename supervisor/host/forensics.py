@@ -71,37 +71,41 @@ async def capture(
         return ""
     ranks = dict(evidence.rank_pids)
     stacks = await asyncio.gather(*(dump_stack(pid, budget_s) for pid in ranks))
-    files: list[str] = []
-    for (pid, title), text in zip(ranks.items(), stacks, strict=True):
-        name = f"stack-{_safe(title)}.txt"
-        (bundle / name).write_text(f"# pid {pid} {title}\n{text}")
-        files.append(name)
-    tail = hide(list(evidence.log_tail)[-LOG_LINES:])
-    (bundle / "log-tail.txt").write_text("\n".join(tail) + "\n")
-    probes = hide(json.loads(json.dumps(dict(evidence.probes), default=str)))
-    (bundle / "probes.json").write_text(json.dumps(probes, indent=1))
+    contents = {
+        f"stack-{_safe(title)}.txt": f"# pid {pid} {title}\n{text}"
+        for (pid, title), text in zip(ranks.items(), stacks, strict=True)
+    }
+    contents["log-tail.txt"] = "\n".join(hide(list(evidence.log_tail)[-LOG_LINES:])) + "\n"
+    contents["probes.json"] = json.dumps(
+        hide(json.loads(json.dumps(dict(evidence.probes), default=str))), indent=1
+    )
     gpus: Any
     try:
         gpus = await asyncio.wait_for(evidence.gpus(), timeout=budget_s)
     except Exception as exc:  # a GPU backend failure is evidence too, never a reason to skip the kill
         gpus = {"error": str(exc)}
-    (bundle / "gpus.json").write_text(json.dumps(gpus, indent=1, default=str))
-    (bundle / "argv-env.json").write_text(
-        json.dumps({"argv": hide(redact(evidence.argv)), "env": env_for_display(evidence.env)}, indent=1)
+    contents["gpus.json"] = json.dumps(gpus, indent=1, default=str)
+    contents["argv-env.json"] = json.dumps(
+        {"argv": hide(redact(evidence.argv)), "env": env_for_display(evidence.env)}, indent=1
     )
-    files += ["log-tail.txt", "probes.json", "gpus.json", "argv-env.json"]
     summary = {
         "incident": incident.id,
         "server": incident.server,
         "fault": incident.fault,
         "detected_at": incident.detected_at,
         "evidence": hide(incident.evidence),
-        "files": files,
+        "files": list(contents),
         "ranks": {str(pid): title for pid, title in ranks.items()},
         "duration_s": round(time.monotonic() - start, 3),
     }
-    (bundle / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    prune(root)
+    contents["summary.json"] = json.dumps(summary, indent=1, default=str)
+    try:  # a full or failing disk costs the bundle, never the recovery
+        for name, text in contents.items():
+            (bundle / name).write_text(text)
+        prune(root)
+    except OSError as exc:
+        log.error("forensics.failed", incident=incident.id, error=str(exc))
+        return ""
     log.info("recovery.forensics", incident=incident.id, path=str(bundle), duration_s=summary["duration_s"])
     return str(bundle)
 
