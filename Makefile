@@ -24,9 +24,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy supervisor probes policies simulator benchmarks
 
-# The e2e tier mostly waits on servers, so four workers fit two cores; chunks of 2 keep the workers even.
+# The e2e tier mostly waits on servers, so four workers fit two cores (tests/conftest.py orders and groups them).
 test: lint typecheck
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxschedchunk 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)

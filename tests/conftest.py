@@ -3,7 +3,8 @@
 A test outside a tier folder, or marked with another tier than its folder's, stops the run, so `-m unit`
 always selects exactly tests/unit/. A new tier is a folder plus its marker registered in pyproject.toml.
 Tiers run slowest first (the order of TIERS), so parallel workers (`make test`) take the long waits first
-and finish together.
+and finish together; a tier in ONE_WORKER shares one heavy resource (the real SGLang's imports, a GPU) and runs
+on a single worker (`--dist loadgroup`) while the others take the rest.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("e2e", "real_serving", "etcd", "hardening", "real", "process", "unit")
+ONE_WORKER = ("real", "real_serving")
 
 
 def tier_of(path: Path) -> str | None:
@@ -34,4 +36,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if other:
             raise pytest.UsageError(f"{item.nodeid} is marked {other} but lives in tests/{tier}/")
         item.add_marker(getattr(pytest.mark, tier))
+        if tier in ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(tier))
     items.sort(key=lambda item: TIERS.index(tier_of(item.path) or TIERS[-1]))

@@ -103,7 +103,7 @@ def test_f2_watchdog_disabled_silent_wedge(tmp_path: Path) -> None:
         assert sim.get("/health").status == 503
         sim.wait_log("Health check failed")
         assert "watchdog timeout" not in sim.log()
-        assert sim.proc.wait_for() is None and len(_ranks(sim)) == 2
+        assert sim.proc.poll() is None and len(_ranks(sim)) == 2
         assert sim.get("/model_info").status == 200
         with pytest.raises(TimeoutError):
             sim.get("/server_info", timeout=2)  # a scheduler round-trip hangs
@@ -127,7 +127,7 @@ def test_f6_custom_allreduce_spin_sigterm_immune(tmp_path: Path) -> None:
         for proc in _ranks(sim).values():
             proc.send_signal(signal.SIGTERM)
             assert "custom_all_reduce" in pyspy_dump(proc.pid)  # still alive, still spinning
-        assert sim.proc.wait_for() is None
+        assert sim.proc.poll() is None
         os.killpg(sim.pid, signal.SIGKILL)
         wait_for(lambda: not ours(sim.state_dir), 10, "tree gone")
         assert holders(sim.state_dir / "dev" / "nvidia0") == set()
@@ -180,12 +180,12 @@ def test_f9_illegal_memory_access_at_concurrency(tmp_path: Path) -> None:
 
 def test_f10_zombie_after_cpp_abort(tmp_path: Path) -> None:
     """F10 (TOML after_s): a rank aborts unseen; HTTP lives on, chat hangs, health 503, one scheduler missing."""
-    path = scenario_file(tmp_path, '[[fault]]\nname = "zombie_after_cpp_abort"\nafter_s = 1\n')
+    path = scenario_file(tmp_path, '[[fault]]\nname = "zombie_after_cpp_abort"\nafter_s = 5\n')
     with ThreadPoolExecutor(2) as pool, launched_sim(tmp_path, "--tp-size", "2", env=_scenario(path)) as sim:
         _hang_one(sim, pool)
         wait_for(lambda: len(_ranks(sim)) == 1, 10, "a scheduler gone")
         assert sim.get("/health").status == 503
-        assert sim.get("/ping").status == 200 and sim.proc.wait_for() is None
+        assert sim.get("/ping").status == 200 and sim.proc.poll() is None
         with pytest.raises(TimeoutError):
             sim.post("/v1/chat/completions", CHAT, timeout=3)
         assert "crashed with exit code" not in sim.log()

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from tests.support import procs
 from tests.support.ports import free_port
 from tests.support.wait import wait_for
@@ -226,6 +228,10 @@ class Deployment:
                 return resp.status, json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"null")
+
+    def ours(self) -> list[psutil.Process]:
+        """Every live process of this deployment (any run): its simulator state dir is the test's own."""
+        return procs.ours(self.sim)
 
     def cleanup(self) -> None:
         """Kill the daemon and anything of ours still alive."""
