@@ -1,4 +1,4 @@
-"""Helpers for the etcd tier: a real etcd (Debian's `etcd-server`, extracted by tests/tools.py) on loopback, and a cuttable TCP proxy."""
+"""Helpers for the etcd tier: a real etcd (Debian's `etcd-server`, extracted by tests/support/tools.py) on loopback, and a cuttable TCP proxy."""
 
 from __future__ import annotations
 
