@@ -56,7 +56,7 @@ from benchmarks.common import (
     wait_for,
     write_result,
 )
-from tests.e2e.support import Deployment
+from tests.support.daemon import Deployment
 
 CLEAN_SIGNALS = {-signal.SIGHUP, -signal.SIGINT, -signal.SIGTERM, -signal.SIGPIPE}
 ORPHANS = "orphans_hold_gpu_and_ports"

@@ -25,7 +25,8 @@ from typing import Any
 import psutil
 
 from benchmarks.common import bench_deployment, parser, say, serving, summary, wait_for, write_result
-from tests.e2e.support import Deployment, holders
+from tests.support.daemon import Deployment
+from tests.support.procs import holders
 
 NO_BACKOFF = {"initial_s": 0, "jitter": 0, "restarts": 10000, "window_s": 600}
 WAIT_S = 60.0
@@ -75,7 +76,7 @@ def release(samples: int, detached: bool) -> dict[str, Any]:
             first = dep.wait(serving, timeout=120, what="serving")
             main = psutil.Process(int(first["pid"]))
             tree = {main.pid, *(c.pid for c in main.children(recursive=True))}
-            tree |= holders(dep.devices)
+            tree |= holders(*dep.devices)
             wait_for(partial(_listed, dep, tree), 10)
             t0 = time.monotonic()
             os.kill(main.pid, signal.SIGKILL)
@@ -102,7 +103,7 @@ def _alive(pid: int) -> bool:
 
 
 def _tree_free(dep: Deployment, tree: set[int]) -> bool:
-    if holders(dep.devices) & tree:
+    if holders(*dep.devices) & tree:
         return False
     return not any(_alive(p) for p in _nvml_pids(dep) & tree)
 

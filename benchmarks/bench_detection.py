@@ -32,7 +32,7 @@ from benchmarks.common import (
     wait_for,
     write_result,
 )
-from tests.e2e.support import Deployment
+from tests.support.daemon import Deployment
 
 DETECT_TIMEOUT_S = {"tool_markup_leak_under_load": 420.0}
 DEFAULT_TIMEOUT_S = 150.0

@@ -23,8 +23,8 @@ from typing import Any
 import psutil
 
 from benchmarks.common import parser, say, summary, wait_for, write_result
-from tests.e2e.support import free_port
 from tests.etcd.support import EtcdServer, GroupDeployment
+from tests.support.ports import free_port
 
 READY_S = 180.0
 

@@ -44,7 +44,7 @@ from benchmarks.common import (
     wait_for,
     write_result,
 )
-from tests.e2e.support import Deployment, Traffic
+from tests.support.daemon import Deployment, Traffic
 
 POOL = sorted(n for n, s in SCENARIOS.items() if not s.zero_fault and s.traffic == "requests")
 DETECT_TIMEOUT_S = 180.0

@@ -1,6 +1,6 @@
 """Shared pieces of the benchmarks: argument parsing, figures, fault injection, oracles, cleanup.
 
-The daemon-plus-simulator harness is `tests/e2e/support.py` (`Deployment`, `Traffic`); this module adds what a
+The daemon-plus-simulator harness is `tests/support/daemon.py` (`Deployment`, `Traffic`); this module adds what a
 benchmark needs on top: bounded JSON calls to the simulator's control endpoint, the moment a fault started,
 the incidents the daemon recorded, a correctness oracle (the canaries' content checks), and a cleanup of every
 process that carries a simulator state directory. Benchmarks print figures; nothing here asserts a duration.
@@ -32,7 +32,8 @@ import psutil
 from policies.model import ProbeSettings
 from probes.canary import tool_canary
 from probes.stream_canary import stream_canary
-from tests.e2e.support import ROOT, Deployment, Traffic, free_port_block
+from tests.support.daemon import ROOT, Deployment, Traffic
+from tests.support.ports import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MAX_BODY = 4 * 2**20
@@ -324,7 +325,7 @@ class SimHost:
         self, root: Path, env: dict[str, str], extra_args: list[str], parsers: bool, watchdog: bool
     ) -> None:
         self.root, self.sim = root, root / "sim"
-        self.port = free_port_block(3)
+        self.port = free_port(3)
         self.url = f"http://127.0.0.1:{self.port}"
         args = ["--model-path", MODEL, "--tp-size", "2", "--enable-metrics", "--port", str(self.port)]
         if parsers:

@@ -1,1 +1,41 @@
-"""Shared test configuration."""
+"""A test's tier is the folder it lives in: tests/<tier>/ marks every test there with the `<tier>` marker.
+
+A test outside a tier folder, or marked with another tier than its folder's, stops the run, so `-m unit`
+always selects exactly tests/unit/. A new tier is a folder plus its marker registered in pyproject.toml.
+Tiers run slowest first (the order of TIERS), so parallel workers (`make test`) take the long waits first
+and finish together; a tier in ONE_WORKER shares one heavy resource (the real SGLang's imports, a GPU) and runs
+on a single worker (`--dist loadgroup`) while the others take the rest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+TIERS = ("e2e", "real_serving", "etcd", "hardening", "real", "process", "unit")
+ONE_WORKER = ("real", "real_serving")
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier folder a test file sits in (None outside tests/<tier>/)."""
+    parts = path.resolve().relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its folder's tier, slowest tier first; refuse a test outside its tier."""
+    for item in items:
+        tier = tier_of(item.path)
+        if tier is None:
+            raise pytest.UsageError(
+                f"{item.nodeid}: tests live in a tier folder, tests/{{{','.join(TIERS)}}}/"
+            )
+        other = sorted({m.name for m in item.iter_markers() if m.name in TIERS} - {tier})
+        if other:
+            raise pytest.UsageError(f"{item.nodeid} is marked {other} but lives in tests/{tier}/")
+        item.add_marker(getattr(pytest.mark, tier))
+        if tier in ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(tier))
+    items.sort(key=lambda item: TIERS.index(tier_of(item.path) or TIERS[-1]))

@@ -5,18 +5,17 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tools import ensure_alertmanager
 
-from tests.e2e.support import Traffic, deployment, free_port
-
-pytestmark = pytest.mark.e2e
+from tests.support.daemon import Traffic, deployment
+from tests.support.ports import free_port
+from tests.support.tools import ensure_alertmanager
+from tests.support.wait import wait_for
 
 CONFIG = "route:\n  receiver: blackhole\n  group_wait: 0s\nreceivers:\n  - name: blackhole\n"
 
@@ -49,16 +48,6 @@ def alerts(base: str) -> list[dict[str, Any]]:
     return []
 
 
-def wait(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_wedge_fires_in_alertmanager_and_recovery_resolves_it(tmp_path: Path, alertmanager: str) -> None:
     """overlap_tp_desync_hang → an active alert with runbook_url in Alertmanager → resolved once serving again."""
     scenario = tmp_path / "scenario.toml"
@@ -68,13 +57,13 @@ def test_wedge_fires_in_alertmanager_and_recovery_resolves_it(tmp_path: Path, al
         dep.start()
         first = dep.wait(lambda s: s["state"] == "serving", what="serving")
         with Traffic(dep.sim_url, dep.model):
-            firing = wait(
+            firing = wait_for(
                 lambda: [a for a in alerts(alertmanager) if a["labels"].get("server") == "sim"], 90, "firing"
             )
         labels, annotations = firing[0]["labels"], firing[0]["annotations"]
         assert labels["fault"] in ("collective_hang", "decode_wedge") and "runbook_url" in annotations
         dep.wait(lambda s: s["state"] == "serving" and s["pid"] != first["pid"], timeout=90, what="recovered")
-        wait(
+        wait_for(
             lambda: not [a for a in alerts(alertmanager) if a["labels"].get("server") == "sim"],
             60,
             "resolved",

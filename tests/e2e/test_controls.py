@@ -8,11 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 
-from tests.e2e.support import deployment, poll
-
-pytestmark = pytest.mark.e2e
+from tests.support.daemon import deployment
+from tests.support.wait import wait_for
 
 
 def serving(s: dict[str, Any]) -> bool:
@@ -66,12 +64,12 @@ def test_sighup_reloads_the_config_and_keeps_the_old_one_when_invalid(tmp_path: 
         good = dep.config_path.read_text()
         dep.config_path.write_text(good.replace("drain_grace_s = 10", "drain_grace_s = -1"))
         os.kill(daemon.pid, signal.SIGHUP)
-        poll(lambda: "config.reload_rejected" in dep.log_tail(200), 30, "the invalid config rejected")
+        wait_for(lambda: "config.reload_rejected" in dep.log_tail(200), 30, "the invalid config rejected")
         dep.config_path.write_text(
             good.replace('"--enable-metrics"', '"--enable-metrics", "--disable-radix-cache"')
         )
         os.kill(daemon.pid, signal.SIGHUP)
-        poll(lambda: "config.reloaded" in dep.log_tail(200), 30, "the new config loaded")
+        wait_for(lambda: "config.reloaded" in dep.log_tail(200), 30, "the new config loaded")
         assert dep.server()["pid"] == first["pid"], "a reload does not restart anything"
         assert dep.post("/control/restart", {"reason": "apply flags"}, token=dep.token)[0] == 200
         again = dep.wait(lambda s: serving(s) and s["pid"] != first["pid"], what="relaunched")

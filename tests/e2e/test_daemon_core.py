@@ -7,11 +7,10 @@ import signal
 from pathlib import Path
 
 import psutil
-import pytest
 
-from tests.e2e.support import deployment, holders, poll
-
-pytestmark = pytest.mark.e2e
+from tests.support.daemon import deployment
+from tests.support.procs import holders
+from tests.support.wait import wait_for
 
 
 def serving(s: dict[str, object]) -> bool:
@@ -24,11 +23,11 @@ def test_demo_config_reaches_serving_and_sigterm_leaves_nothing(tmp_path: Path) 
         daemon = dep.start()
         s = dep.wait(serving, what="serving")
         assert s["pid"] and s["gpus"] == [0, 1]
-        assert holders(dep.devices), "the ranks hold their stand-in GPUs while serving"
+        assert holders(*dep.devices), "the ranks hold their stand-in GPUs while serving"
         os.kill(daemon.pid, signal.SIGTERM)
         assert daemon.wait(timeout=60) == 0
-        poll(lambda: not dep.ours(), 10, "every simulated process gone")
-        assert not holders(dep.devices)
+        wait_for(lambda: not dep.ours(), 10, "every simulated process gone")
+        assert not holders(*dep.devices)
 
 
 def test_main_killed_is_relaunched(tmp_path: Path) -> None:

@@ -6,11 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.e2e.support import deployment
-
-pytestmark = pytest.mark.e2e
+from tests.support.daemon import deployment
 
 
 def serving(s: dict[str, Any]) -> bool:

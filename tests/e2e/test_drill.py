@@ -11,7 +11,6 @@ import psutil
 import pytest
 
 from supervisor.training.drill import run_drill
-from supervisor.training.scenarios import DRILLS
 
 
 def _drill_processes(root: Path) -> list[psutil.Process]:
@@ -27,7 +26,6 @@ def _drill_processes(root: Path) -> list[psutil.Process]:
     return found
 
 
-@pytest.mark.e2e
 def test_zombie_drill_narrates_detection_and_recovery(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -52,21 +50,3 @@ def test_zombie_drill_narrates_detection_and_recovery(
     assert "nothing left running" in text and "drill PASSED" in text
     assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"
     assert not list(tmp_path.glob("sglsup-drill-*")), "the drill removes its directory"
-
-
-@pytest.mark.unit
-def test_unknown_scenario_exits_2_listing_the_drills() -> None:
-    """An unknown scenario exits 2 with a message naming every valid drill."""
-    out = io.StringIO()
-    assert run_drill("no_such_fault", out=out) == 2
-    text = out.getvalue()
-    assert "'no_such_fault' is not a drill: unknown scenario" in text
-    assert all(name in text for name in DRILLS)
-
-
-@pytest.mark.unit
-def test_launch_time_scenario_points_to_the_demo() -> None:
-    """A catalog fault that only fires at launch is not a drill: exit 2 and the demo command to use instead."""
-    out = io.StringIO()
-    assert run_drill("slow_startup_deepgemm", out=out) == 2
-    assert "sglang-supervisor demo --scenario slow_startup_deepgemm" in out.getvalue()

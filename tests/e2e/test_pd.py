@@ -7,11 +7,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.support.daemon import PdDeployment, Traffic
 
-from tests.e2e.support import PdDeployment, Traffic
-
-pytestmark = pytest.mark.e2e
 Servers = dict[str, dict[str, Any]]
 
 

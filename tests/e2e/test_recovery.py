@@ -8,11 +8,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.e2e.support import Traffic, deployment
-
-pytestmark = pytest.mark.e2e
+from tests.support.daemon import Traffic, deployment
 
 
 def serving(s: dict[str, Any]) -> bool:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from policies.group import Generation
@@ -81,12 +79,3 @@ def seat(endpoint: str, rank: int, nnodes: int = 2, name: str = "g", barrier_tim
     member = GroupMember(params, client, alert)
     tree = FakeTree()
     return Seat(member, GroupNode(member, tree, alert, tick_s=0.2), tree, alerts)
-
-
-async def poll(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    """Await until `check()` is true; fail with `what` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)

@@ -1,10 +1,9 @@
-"""Helpers for the etcd tier: a real etcd (Debian's `etcd-server`, extracted by tests/tools.py) on loopback, and a cuttable TCP proxy."""
+"""Helpers for the etcd tier: a real etcd (Debian's `etcd-server`, extracted by tests/support/tools.py) on loopback, and a cuttable TCP proxy."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import subprocess
 import threading
 import time
@@ -13,18 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.support import Deployment, q
-from tests.tools import ensure_etcd
+from tests.support.daemon import Deployment, q
+from tests.support.ports import free_port
+from tests.support.tools import ensure_etcd
 
 START_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class EtcdServer:

@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.support import free_port
 from tests.etcd.support import EtcdServer, GroupDeployment, ThreadedProxy
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.etcd
 

@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from policies.group import Phase
-from tests.etcd.group_support import LEASE_TTL_S, Seat, poll, seat
+from tests.etcd.group_support import LEASE_TTL_S, Seat, seat
 from tests.etcd.support import EtcdServer, Proxy
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.etcd
 
@@ -37,7 +38,7 @@ async def pair(etcd: EtcdServer) -> AsyncIterator[tuple[Seat, Seat]]:
     await a.start()
     await b.start()
     try:
-        await poll(lambda: both_run(a, b, 1), "both nodes launching generation 1 together")
+        await wait_until(lambda: both_run(a, b, 1), 20, "both nodes launching generation 1 together")
         yield a, b
     finally:
         await a.stop()
@@ -56,7 +57,7 @@ async def test_a_fault_on_node_1_restarts_both_nodes_with_one_bump(pair: tuple[S
     """A fault on node 1 bumps to generation 2 once; both nodes release, pass the barrier and relaunch."""
     a, b = pair
     b.node.fault("inc-1", "crash: scheduler_TP9 exited")
-    await poll(lambda: both_run(a, b, 2), "both nodes relaunched at generation 2")
+    await wait_until(lambda: both_run(a, b, 2), 20, "both nodes relaunched at generation 2")
     assert a.tree.launched == [1, 2] and b.tree.launched == [1, 2]
     assert (a.member.bumps, b.member.bumps) == (0, 1)
     current = a.member.current
@@ -69,7 +70,7 @@ async def test_both_nodes_seeing_the_fault_at_once_still_bump_once(pair: tuple[S
     a, b = pair
     a.node.fault("inc-a", "collective_hang: ranks blocked")
     b.node.fault("inc-b", "crash: rank died")
-    await poll(lambda: both_run(a, b, 2), "both nodes relaunched at generation 2")
+    await wait_until(lambda: both_run(a, b, 2), 20, "both nodes relaunched at generation 2")
     assert a.member.bumps + b.member.bumps == 1
     assert generation(a) == generation(b) == 2
     assert a.tree.launched == b.tree.launched == [1, 2]
@@ -81,19 +82,19 @@ async def test_a_killed_daemon_expires_and_the_group_restarts_when_it_returns(et
     await a.start()
     await b.start()
     try:
-        await poll(lambda: both_run(a, b, 1), "generation 1 up")
+        await wait_until(lambda: both_run(a, b, 1), 20, "generation 1 up")
         await b.crash()
-        await poll(
-            lambda: generation(a) == 2, "node 0 bumping after node 1's lease expired", 5 * LEASE_TTL_S + 10
+        await wait_until(
+            lambda: generation(a) == 2, 5 * LEASE_TTL_S + 10, "node 0 bumping after node 1's lease expired"
         )
         assert a.member.member_losses == 1 and "node 1 lost" in (a.member.current.reason or "")  # type: ignore[union-attr]
-        await poll(lambda: a.node.phase is Phase.RELEASED, "node 0 released and waiting")
+        await wait_until(lambda: a.node.phase is Phase.RELEASED, 20, "node 0 released and waiting")
         assert not a.tree.running and a.member.status()["barrier"]["missing"] == [1]  # type: ignore[index]
         b2 = seat(etcd.url, 1)
         b2.tree.running = True  # the dead daemon's tree is still there
         await b2.start(local_generation=1)
         try:
-            await poll(lambda: both_run(a, b2, 2), "both nodes relaunched at generation 2")
+            await wait_until(lambda: both_run(a, b2, 2), 20, "both nodes relaunched at generation 2")
             assert b2.tree.releases == 1 and a.tree.launched == [1, 2] and b2.tree.launched == [2]
             assert a.member.bumps + b2.member.bumps == 1
         finally:
@@ -109,7 +110,9 @@ async def test_etcd_down_keeps_healthy_servers_and_defers_a_fault_until_it_retur
     """etcd stopped: nothing is stopped, both alert; a fault meanwhile relaunches nothing until etcd is back."""
     a, b = pair
     etcd.stop()
-    await poll(lambda: not a.member.reachable and not b.member.reachable, "both nodes noticing etcd gone")
+    await wait_until(
+        lambda: not a.member.reachable and not b.member.reachable, 20, "both nodes noticing etcd gone"
+    )
     assert ("group.etcd_unreachable" in [e for e, _ in a.alerts]) and b.alerts[0][
         0
     ] == "group.etcd_unreachable"
@@ -118,7 +121,9 @@ async def test_etcd_down_keeps_healthy_servers_and_defers_a_fault_until_it_retur
         await b.node.step()
     assert a.tree.running and b.tree.running and a.tree.launched == b.tree.launched == [1]
     etcd.start()
-    await poll(lambda: both_run(a, b, 2), "the deferred fault restarting the group once etcd answers", 30)
+    await wait_until(
+        lambda: both_run(a, b, 2), 30, "the deferred fault restarting the group once etcd answers"
+    )
     assert a.member.bumps + b.member.bumps == 1
     assert ("group.etcd_reachable" in [e for e, _ in a.alerts]) and a.tree.launched == [1, 2]
 
@@ -129,10 +134,10 @@ async def test_etcd_restart_without_a_fault_changes_nothing(
     """A short etcd outage with healthy nodes ends with the same generation and no relaunch."""
     a, b = pair
     etcd.stop()
-    await poll(lambda: not a.member.reachable, "node 0 noticing etcd gone")
+    await wait_until(lambda: not a.member.reachable, 20, "node 0 noticing etcd gone")
     etcd.start()
-    await poll(lambda: a.member.reachable and b.member.reachable, "both nodes reconnected", 30)
-    await poll(lambda: set(a.member.members) == {0, 1}, "both members listed again")
+    await wait_until(lambda: a.member.reachable and b.member.reachable, 30, "both nodes reconnected")
+    await wait_until(lambda: set(a.member.members) == {0, 1}, 20, "both members listed again")
     assert generation(a) == generation(b) == 1
     assert a.tree.launched == b.tree.launched == [1] and a.tree.running and b.tree.running
 
@@ -143,19 +148,23 @@ async def test_a_partitioned_node_never_relaunches_alone(etcd: EtcdServer, proxy
     await a.start()
     await b.start()
     try:
-        await poll(lambda: both_run(a, b, 1), "generation 1 up")
+        await wait_until(lambda: both_run(a, b, 1), 20, "generation 1 up")
         proxy.cut()
-        await poll(
-            lambda: generation(a) == 2, "node 0 bumping after node 1's lease expired", 5 * LEASE_TTL_S + 10
+        await wait_until(
+            lambda: generation(a) == 2, 5 * LEASE_TTL_S + 10, "node 0 bumping after node 1's lease expired"
         )
-        await poll(lambda: a.node.phase is Phase.RELEASED, "node 0 released and waiting at the barrier")
-        await poll(lambda: not b.member.reachable, "node 1 noticing the partition")
+        await wait_until(
+            lambda: a.node.phase is Phase.RELEASED, 20, "node 0 released and waiting at the barrier"
+        )
+        await wait_until(lambda: not b.member.reachable, 20, "node 1 noticing the partition")
         for _ in range(10):
             await b.node.step()
         assert b.tree.launched == [1] and not b.member.reachable
         assert a.tree.launched == [1] and not a.tree.running
         proxy.heal()
-        await poll(lambda: both_run(a, b, 2), "both nodes relaunched at generation 2 after the partition", 30)
+        await wait_until(
+            lambda: both_run(a, b, 2), 30, "both nodes relaunched at generation 2 after the partition"
+        )
         assert a.member.bumps + b.member.bumps == 1
     finally:
         await a.stop()
@@ -167,8 +176,8 @@ async def test_a_barrier_past_its_timeout_alerts_and_still_waits(etcd: EtcdServe
     a = seat(etcd.url, 0, barrier_timeout_s=0.5)
     await a.start()
     try:
-        await poll(lambda: a.node.phase is Phase.RELEASED, "node 0 released for generation 1")
-        await poll(lambda: "group.barrier_stuck" in [e for e, _ in a.alerts], "the barrier alert")
+        await wait_until(lambda: a.node.phase is Phase.RELEASED, 20, "node 0 released for generation 1")
+        await wait_until(lambda: "group.barrier_stuck" in [e for e, _ in a.alerts], 20, "the barrier alert")
         assert a.tree.launched == [] and a.member.status()["barrier"]["missing"] == [1]  # type: ignore[index]
     finally:
         await a.stop()
@@ -182,7 +191,7 @@ async def test_a_daemon_restarted_within_its_ttl_restarts_the_group_once(pair: t
     b2 = seat(endpoint, 1)
     await b2.start(local_generation=1)
     try:
-        await poll(lambda: both_run(a, b2, 2), "both nodes relaunched at generation 2")
+        await wait_until(lambda: both_run(a, b2, 2), 20, "both nodes relaunched at generation 2")
         assert a.member.bumps + b2.member.bumps == 1 and "rejoined" in a.member.current.reason  # type: ignore[union-attr]
         assert a.member.member_losses == 0
     finally:

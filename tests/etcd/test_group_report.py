@@ -10,8 +10,9 @@ from policies.group import Phase
 from supervisor.cli import render_status
 from supervisor.group.report import GroupReporter
 from supervisor.reporting.metrics import SupervisorMetrics
-from tests.etcd.group_support import LEASE_TTL_S, poll, seat
+from tests.etcd.group_support import LEASE_TTL_S, seat
 from tests.etcd.support import EtcdServer
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.etcd
 
@@ -34,7 +35,7 @@ async def test_a_lost_node_shows_as_absent_with_the_barrier_waiting(etcd: EtcdSe
     await a.start()
     await b.start()
     try:
-        await poll(lambda: a.node.group_up, "generation 1 up on both nodes")
+        await wait_until(lambda: a.node.group_up, 20, "generation 1 up on both nodes")
         reporter.publish()
         text = metrics.render().decode()
         assert (
@@ -42,10 +43,10 @@ async def test_a_lost_node_shows_as_absent_with_the_barrier_waiting(etcd: EtcdSe
             == 1
         )
         await b.crash()
-        await poll(
-            lambda: a.node.phase is Phase.RELEASED, "node 0 waiting at the barrier", 5 * LEASE_TTL_S + 10
+        await wait_until(
+            lambda: a.node.phase is Phase.RELEASED, 5 * LEASE_TTL_S + 10, "node 0 waiting at the barrier"
         )
-        await poll(lambda: a.member.barrier_waited_s() > 0, "the barrier wait counting")
+        await wait_until(lambda: a.member.barrier_waited_s() > 0, 20, "the barrier wait counting")
         reporter.publish()
         text = metrics.render().decode()
         assert sample(text, "sglang_supervisor_group_generation", group="g") == 2

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from sim_support import launched_sim
 
 from policies.model import ProbeSettings
 from probes.canary import config_check, tool_canary
 from probes.health import probe_health
 from probes.progress import scrape_metrics
+from tests.support.sim import launched_sim
 
 pytestmark = pytest.mark.hardening
 

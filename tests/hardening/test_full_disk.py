@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.support import deployment
+from tests.support.daemon import deployment
 
 pytestmark = pytest.mark.hardening
 

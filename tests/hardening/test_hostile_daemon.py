@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.e2e.support import free_port
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.hardening
 

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from sim_support import launched_sim
 
 from supervisor.config import ConfigError, ServerConfig, load_config
 from supervisor.host.launcher import Launched, spawn
-from tests.e2e.support import deployment, poll
+from tests.support.daemon import deployment
+from tests.support.sim import launched_sim
+from tests.support.wait import wait_for as poll
 
 pytestmark = pytest.mark.hardening
 

@@ -10,7 +10,8 @@ import psutil
 import pytest
 
 from supervisor.records.statefile import StateFile
-from tests.e2e.support import deployment, poll
+from tests.support.daemon import deployment
+from tests.support.wait import wait_for as poll
 
 pytestmark = pytest.mark.hardening
 

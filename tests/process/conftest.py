@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,19 +17,10 @@ from typing import Any
 import pytest
 
 from supervisor.host import launcher, proctree
+from tests.support.wait import wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 READY_TIMEOUT_S = 30.0
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0, poll_s: float = 0.01) -> bool:
-    """Poll ``predicate`` until it is true or the deadline passes; return its last value."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return predicate()
-        time.sleep(poll_s)
-    return True
 
 
 @dataclass
@@ -63,10 +53,10 @@ class Janitor:
             proc.kill()
             proc.wait(timeout=10)
         for handle in self.launched:
-            assert wait_for(partial(_exited, handle), timeout_s=10)
+            wait_for(partial(_exited, handle), 10, "the launched main process exiting")
             handle.close()
         for run_id in self.run_ids:
-            assert wait_for(partial(_gone, run_id), timeout_s=10), f"processes of {run_id} survived"
+            wait_for(partial(_gone, run_id), 10, f"every process of {run_id} gone")
 
 
 def _exited(handle: launcher.Launched) -> bool:
@@ -107,8 +97,8 @@ def start_tree(tmp_path: Path, janitor: Janitor) -> Callable[..., Tree]:
         handle = launcher.spawn(argv, {}, [0], run_id, server, tmp_path / f"{run_id}.log")
         assert isinstance(handle, launcher.Launched), handle.reason
         janitor.launched.append(handle)
-        ok = wait_for(lambda: ready.exists() or handle.returncode() is not None, READY_TIMEOUT_S)
-        assert ok and ready.exists(), f"tree did not start: {handle.tail(20)}"
+        wait_for(lambda: ready.exists() or handle.returncode() is not None, READY_TIMEOUT_S, "the tree ready")
+        assert ready.exists(), f"tree did not start: {handle.tail(20)}"
         info: dict[str, Any] = json.loads(ready.read_text())
         return Tree(handle, run_id, info["main"], info["ranks"], info["orphan"])
 
@@ -125,7 +115,8 @@ def start_holder(tmp_path: Path, janitor: Janitor) -> Callable[..., int]:
         argv = [sys.executable, str(FIXTURES / "hold.py"), str(path), str(ready), *flags]
         proc = subprocess.Popen(argv, env=env, start_new_session=True)
         janitor.popens.append(proc)
-        assert wait_for(lambda: ready.exists() or proc.poll() is not None, READY_TIMEOUT_S) and ready.exists()
+        wait_for(lambda: ready.exists() or proc.poll() is not None, READY_TIMEOUT_S, "the holder ready")
+        assert ready.exists()
         return proc.pid
 
     return start

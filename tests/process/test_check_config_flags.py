@@ -24,7 +24,6 @@ def _config(tmp_path: Path, extra: list[str]) -> Path:
     return path
 
 
-@pytest.mark.process
 def test_check_config_reports_a_launch_flag_the_target_rejects(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,12 +6,9 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from supervisor.host import cleanup
 
 
-@pytest.mark.process
 def test_sweep_shm_removes_stale_and_keeps_held(tmp_path: Path, start_holder: Callable[..., int]) -> None:
     """Unheld sgl_shm_*/psm_*/sem.mp-* files go; open, mapped and unmatched files stay."""
     shm = tmp_path / "shm"
@@ -25,17 +22,6 @@ def test_sweep_shm_removes_stale_and_keeps_held(tmp_path: Path, start_holder: Ca
     assert sorted(p.name for p in shm.iterdir()) == ["other.txt", "sem.mp-mapped", "sgl_shm_held"]
 
 
-@pytest.mark.unit
-def test_sweep_shm_respects_the_ownership_filter(tmp_path: Path) -> None:
-    """Only files the predicate attributes to the dead run are removed."""
-    (tmp_path / "psm_mine").write_bytes(b"x")
-    (tmp_path / "psm_theirs").write_bytes(b"x")
-    removed = cleanup.sweep_shm(tmp_path, owned_by_dead_run=lambda p: p.name.endswith("mine"))
-    assert [p.name for p in removed] == ["psm_mine"]
-    assert (tmp_path / "psm_theirs").exists()
-
-
-@pytest.mark.process
 def test_ports_held_then_freed() -> None:
     """A listening port is reported bound, with its holder at the deadline, and free once closed."""
     listener = socket.socket()

@@ -14,8 +14,6 @@ from simulator.cli import build_parser
 from supervisor.host import flaghelp
 from supervisor.host.flaghelp import HelpUnavailable, target_flags
 
-pytestmark = pytest.mark.process
-
 SIMULATOR = [sys.executable, "-m", "simulator.launch_server"]
 
 

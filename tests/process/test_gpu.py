@@ -47,14 +47,6 @@ def _write_nvml(state: Path, pids: list[int], memory_used_mib: float) -> None:
     (state / "nvml.json").write_text(json.dumps({"updated_at": time.time(), "gpus": gpus}))
 
 
-@pytest.mark.unit
-def test_parse_fuser_output_strips_access_letters() -> None:
-    """fuser's stdout PIDs are parsed with their access letters removed."""
-    assert gpu.parse_fuser_output("  123  456m 789c\n") == {123, 456, 789}
-    assert gpu.parse_fuser_output("") == set()
-
-
-@pytest.mark.process
 @pytest.mark.skipif(shutil.which("fuser") is None, reason="fuser (psmisc) is not installed")
 def test_fuser_cross_check_agrees_with_proc_scan(tmp_path: Path, start_holder: Callable[..., int]) -> None:
     """fuser -a and the /proc fd scan both see the holder; the holder is tagged proc+fuser."""
@@ -66,7 +58,6 @@ def test_fuser_cross_check_agrees_with_proc_scan(tmp_path: Path, start_holder: C
     assert [(h.pid, h.source) for h in holders] == [(pid, "proc+fuser")]
 
 
-@pytest.mark.process
 def test_mapping_without_fd_is_found_only_with_maps(tmp_path: Path, start_holder: Callable[..., int]) -> None:
     """A process that mmapped a file and closed the fd is a holder when maps are scanned."""
     path = _device(tmp_path, "mapped")
@@ -75,7 +66,6 @@ def test_mapping_without_fd_is_found_only_with_maps(tmp_path: Path, start_holder
     assert pid in gpu.open_holders([path], include_maps=True)[path]
 
 
-@pytest.mark.process
 def test_sim_backend_drops_dead_pids_and_gates_verify(
     tmp_path: Path, start_holder: Callable[..., int]
 ) -> None:
@@ -95,7 +85,6 @@ def test_sim_backend_drops_dead_pids_and_gates_verify(
     assert free.samples[0].memory_used_mib == 0.0
 
 
-@pytest.mark.process
 def test_sim_backend_without_state_reports_idle_gpus(tmp_path: Path) -> None:
     """Without nvml.json (no simulated server ever ran there) the stand-in GPUs are free and idle."""
     samples = gpu.open_backend("sim", tmp_path).snapshot([0, 1])
@@ -103,22 +92,6 @@ def test_sim_backend_without_state_reports_idle_gpus(tmp_path: Path) -> None:
     assert gpu.verify_free([0], [], gpu.open_backend("sim", tmp_path), 500.0, deadline_s=0.1).ok
 
 
-@pytest.mark.unit
-def test_sim_backend_unreadable_state_is_a_reason(tmp_path: Path) -> None:
-    """A corrupt nvml.json makes verify_free not ok, naming the file."""
-    (tmp_path / "nvml.json").write_text("{not json")
-    result = gpu.verify_free([0], [], gpu.open_backend("sim", tmp_path), 500.0, deadline_s=0.1)
-    assert not result.ok and "nvml.json" in result.reason
-
-
-@pytest.mark.unit
-def test_unknown_backend_names_the_allowed_ones() -> None:
-    """An unknown backend name raises GpuBackendUnavailable listing nvml, sim, none."""
-    with pytest.raises(GpuBackendUnavailable, match="nvml, sim, none"):
-        gpu.open_backend("cuda")
-
-
-@pytest.mark.process
 @pytest.mark.skipif(NVML, reason="NVML works here, so there is no unavailability to report")
 def test_nvml_unavailable_has_a_clear_message() -> None:
     """Without the NVIDIA library or driver the nvml backend says why."""
@@ -126,7 +99,6 @@ def test_nvml_unavailable_has_a_clear_message() -> None:
         gpu.open_backend("nvml")
 
 
-@pytest.mark.process
 @pytest.mark.skipif(not NVML, reason="needs an NVIDIA GPU with a loaded driver")
 def test_nvml_snapshot_reads_the_real_card() -> None:
     """On a GPU host the nvml backend reports memory totals for GPU 0."""

@@ -8,12 +8,10 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pytest
-
 from supervisor.host import launcher, proctree
 from supervisor.host.launcher import LINE_LIMIT, TRUNCATED, Launched
-
-from .conftest import FIXTURES, Janitor, Tree, wait_for
+from tests.process.conftest import FIXTURES, Janitor, Tree
+from tests.support.wait import wait_for
 
 _PRINT_ENV = (
     "import os; "
@@ -40,11 +38,10 @@ def _all_lines(handle: Launched) -> Iterator[str]:
             return
 
 
-@pytest.mark.process
 def test_spawn_sets_session_gpus_and_marker(tmp_path: Path, janitor: Janitor) -> None:
     """The child leads its own process group and sees its GPUs, the run marker, SPT_NOENV and extra env."""
     handle = _spawn(janitor, [sys.executable, "-c", _PRINT_ENV], tmp_path / "env.log")
-    assert wait_for(lambda: handle.returncode() == 0)
+    wait_for(lambda: handle.returncode() == 0, 10, "a clean exit")
     assert handle.pgid == handle.pid != os.getpgrp()
     assert handle.close()
     expected = [
@@ -58,13 +55,12 @@ def test_spawn_sets_session_gpus_and_marker(tmp_path: Path, janitor: Janitor) ->
     assert (tmp_path / "env.log").read_text().splitlines() == expected
 
 
-@pytest.mark.process
 def test_log_flood_keeps_ring_bounded_and_rotates_file(tmp_path: Path, janitor: Janitor) -> None:
     """200k lines: the ring holds only ring_lines, the cursor counts all, the file rotates keeping N."""
     log = tmp_path / "flood.log"
     argv = [sys.executable, str(FIXTURES / "flood.py"), "200000", "10"]
     handle = _spawn(janitor, argv, log, ring_lines=500, rotate_bytes=256 * 1024, rotate_keep=2)
-    assert wait_for(lambda: handle.returncode() == 0, timeout_s=60)
+    wait_for(lambda: handle.returncode() == 0, 60, "a clean exit")
     assert handle.close(timeout_s=10)
     lines, cursor = handle.lines_since(0)
     assert cursor == 200002
@@ -79,19 +75,17 @@ def test_log_flood_keeps_ring_bounded_and_rotates_file(tmp_path: Path, janitor: 
     assert log.read_text().splitlines()[-1] == "flood done"
 
 
-@pytest.mark.process
 def test_overlong_line_is_truncated(tmp_path: Path, janitor: Janitor) -> None:
     """A 100 KiB line is cut to 16 KiB plus a marker; the next line is intact."""
     argv = [sys.executable, str(FIXTURES / "flood.py"), "1", str(100 * 1024)]
     handle = _spawn(janitor, argv, tmp_path / "long.log")
-    assert wait_for(lambda: handle.returncode() == 0)
+    wait_for(lambda: handle.returncode() == 0, 10, "a clean exit")
     assert handle.close()
     lines = list(_all_lines(handle))
     assert lines[0] == "x" * LINE_LIMIT + TRUNCATED
     assert lines[1:] == ["flood line 0000000 padding-padding-padding-padding", "flood done"]
 
 
-@pytest.mark.process
 def test_missing_executable_is_a_result_not_an_exception(tmp_path: Path) -> None:
     """spawn returns ok=False with the reason when the program does not exist or argv is empty."""
     failed = launcher.spawn([str(tmp_path / "no-such-binary")], {}, [0], "r", "s", tmp_path / "x.log")
@@ -100,7 +94,6 @@ def test_missing_executable_is_a_result_not_an_exception(tmp_path: Path) -> None
     assert not launcher.spawn([], {}, [0], "r", "s", tmp_path / "y.log").ok
 
 
-@pytest.mark.process
 def test_close_returns_while_an_orphan_keeps_the_pipe_open(
     tmp_path: Path, start_tree: Callable[..., Tree]
 ) -> None:
@@ -108,6 +101,6 @@ def test_close_returns_while_an_orphan_keeps_the_pipe_open(
     (tmp_path / "held").touch()
     tree = start_tree("--orphan-hold", str(tmp_path / "held"))
     os.kill(tree.main, signal.SIGKILL)
-    assert wait_for(lambda: tree.launched.returncode() is not None)
+    wait_for(lambda: tree.launched.returncode() is not None, 10, "the main process exiting")
     assert tree.orphan is not None and proctree.is_alive(tree.orphan)
     assert tree.launched.close(timeout_s=5)

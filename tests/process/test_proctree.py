@@ -6,27 +6,12 @@ import os
 import signal
 from collections.abc import Callable
 
-import pytest
-
 from supervisor.host import proctree
 from supervisor.host.proctree import TreeEvent, TreeSnapshot, expected_rank_titles
-
-from .conftest import Tree, wait_for
-
-
-@pytest.mark.unit
-def test_expected_rank_titles_follow_sglang_prefixes() -> None:
-    """Titles are sglang::scheduler for tp=1, _TP/_DP_TP/_PP_TP otherwise, plus detokenizer and DP controller."""
-    assert expected_rank_titles(1) == ["sglang::scheduler", "sglang::detokenizer"]
-    assert expected_rank_titles(2)[:2] == ["sglang::scheduler_TP0", "sglang::scheduler_TP1"]
-    dp = expected_rank_titles(2, dp=2)
-    assert dp[:4] == [f"sglang::scheduler_DP{d}_TP{t}" for d in (0, 1) for t in (0, 1)]
-    assert dp[4:] == ["sglang::detokenizer", "sglang::data_parallel_controller"]
-    assert expected_rank_titles(1, pp=2)[:2] == ["sglang::scheduler_PP0", "sglang::scheduler_PP1"]
-    assert expected_rank_titles(2, pp=2)[1] == "sglang::scheduler_PP0_TP1"
+from tests.process.conftest import Tree
+from tests.support.wait import wait_for
 
 
-@pytest.mark.process
 def test_tree_found_by_group_descendants_and_marker(start_tree: Callable[..., Tree]) -> None:
     """Main and ranks are found by process group, by descent from main, and by the run marker."""
     tree = start_tree("--ranks", "2", "--detokenizer", server="prefill-x")
@@ -39,7 +24,6 @@ def test_tree_found_by_group_descendants_and_marker(start_tree: Callable[..., Tr
     assert not proctree.find_marked(run_id=tree.run_id, server="another-server")
 
 
-@pytest.mark.process
 def test_snapshot_maps_each_title_to_its_pid(start_tree: Callable[..., Tree]) -> None:
     """A healthy tree: main alive, every expected title running with CPU times, no crash."""
     tree = start_tree("--ranks", "2", "--detokenizer")
@@ -49,7 +33,6 @@ def test_snapshot_maps_each_title_to_its_pid(start_tree: Callable[..., Tree]) ->
     assert all(r.status == "running" and r.cpu_time_s is not None for r in snap.ranks)
 
 
-@pytest.mark.process
 def test_killed_rank_shows_as_lost_while_main_lives(start_tree: Callable[..., Tree]) -> None:
     """A SIGKILLed rank is a zombie after a previous snapshot, missing without one; main alive = crash."""
     tree = start_tree("--ranks", "2", "--detokenizer")
@@ -62,7 +45,7 @@ def test_killed_rank_shows_as_lost_while_main_lives(start_tree: Callable[..., Tr
         seen.append(proctree.poll_tree(first, tree.main, tree.run_id, titles))
         return seen[-1][0].crashed
 
-    assert wait_for(lost)
+    wait_for(lost, 10, "the rank shown as lost")
     snap, events = seen[-1]
     assert [r.title for r in snap.lost_ranks] == ["sglang::scheduler_TP1"]
     assert snap.lost_ranks[0].status == "zombie"
@@ -71,13 +54,12 @@ def test_killed_rank_shows_as_lost_while_main_lives(start_tree: Callable[..., Tr
     assert [r.status for r in fresh.lost_ranks] == ["missing"]
 
 
-@pytest.mark.process
 def test_main_death_is_seen_by_the_first_poll_after_it(start_tree: Callable[..., Tree]) -> None:
     """Once main is dead, the very next poll reports main_exited (latency ≤ one poll interval)."""
     tree = start_tree("--ranks", "2")
     before, _ = proctree.poll_tree(None, tree.main, tree.run_id)
     os.kill(tree.main, signal.SIGKILL)
-    assert wait_for(lambda: tree.launched.returncode() is not None)
+    wait_for(lambda: tree.launched.returncode() is not None, 10, "the main process exiting")
     after, events = proctree.poll_tree(before, tree.main, tree.run_id)
     assert not after.main_alive
     assert TreeEvent("main_exited", tree.main) in events

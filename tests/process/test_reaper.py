@@ -7,12 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-import pytest
 
 from supervisor.host import gpu, launcher, proctree, reaper
 from supervisor.host.proctree import ProcId
-
-from .conftest import Janitor, Tree, wait_for
+from tests.process.conftest import Janitor, Tree
+from tests.support.wait import wait_for
 
 
 def _devices(tmp_path: Path, n: int) -> list[Path]:
@@ -29,7 +28,6 @@ def _routes(result: reaper.StopResult) -> dict[int, str]:
     return {k.pid: k.route for k in result.killed}
 
 
-@pytest.mark.process
 def test_drain_falls_back_to_sigkill_when_sigterm_is_ignored(start_tree: Callable[..., Tree]) -> None:
     """Main ignores SIGTERM: after the grace the group is SIGKILLed and everything is gone."""
     tree = start_tree("--ranks", "2", "--ignore-term")
@@ -38,10 +36,9 @@ def test_drain_falls_back_to_sigkill_when_sigterm_is_ignored(start_tree: Callabl
     assert result.term_s is None
     assert _routes(result)[tree.main] == "group"
     assert not proctree.find_marked(tree.run_id)
-    assert wait_for(lambda: tree.launched.returncode() == -9)
+    wait_for(lambda: tree.launched.returncode() == -9, 10, "death by SIGKILL")
 
 
-@pytest.mark.process
 def test_drain_sends_sigterm_to_main_only_then_kills_the_rest(start_tree: Callable[..., Tree]) -> None:
     """Main exits on SIGTERM (route term); its ranks, left in the group, are SIGKILLed by group."""
     tree = start_tree("--ranks", "2")
@@ -51,10 +48,9 @@ def test_drain_sends_sigterm_to_main_only_then_kills_the_rest(start_tree: Callab
     routes = _routes(result)
     assert routes[tree.main] == "term"
     assert all(routes[pid] == "group" for pid in tree.ranks.values())
-    assert wait_for(lambda: tree.launched.returncode() == -15)
+    wait_for(lambda: tree.launched.returncode() == -15, 10, "death by SIGTERM")
 
 
-@pytest.mark.process
 def test_setsid_orphan_found_by_marker_and_device_released(
     tmp_path: Path, start_tree: Callable[..., Tree]
 ) -> None:
@@ -79,7 +75,6 @@ def test_setsid_orphan_found_by_marker_and_device_released(
     assert verified.ok, verified.reason
 
 
-@pytest.mark.process
 def test_foreign_holder_is_reported_not_killed(
     tmp_path: Path, start_tree: Callable[..., Tree], start_holder: Callable[..., int]
 ) -> None:
@@ -107,7 +102,6 @@ def test_foreign_holder_is_reported_not_killed(
     )
 
 
-@pytest.mark.process
 def test_allowlisted_process_is_never_signalled(tmp_path: Path, janitor: Janitor) -> None:
     """A dcgm* process carrying our marker, in our group, is spared; the rest of the group is killed."""
     ready = tmp_path / "ready"
@@ -122,7 +116,7 @@ def test_allowlisted_process_is_never_signalled(tmp_path: Path, janitor: Janitor
     handle = launcher.spawn([sys.executable, "-c", code], {}, [0], "allow-run", "unified", tmp_path / "a.log")
     assert isinstance(handle, launcher.Launched)
     janitor.launched.append(handle)
-    assert wait_for(lambda: ready.exists() and ready.read_text() != "")
+    wait_for(lambda: ready.exists() and ready.read_text() != "", 10, "the ready file")
     kid = int(ready.read_text())
     result = reaper.stop(handle.pid, handle.pgid, "allow-run", "kill", 0, 10)
     assert result.ok, result.reason
@@ -130,7 +124,6 @@ def test_allowlisted_process_is_never_signalled(tmp_path: Path, janitor: Janitor
     assert proctree.is_alive(handle.pid)
 
 
-@pytest.mark.process
 def test_unknown_mode_is_refused_without_signalling(start_tree: Callable[..., Tree]) -> None:
     """An unknown stop mode returns not ok and leaves the tree running."""
     tree = start_tree("--ranks", "1")
@@ -139,7 +132,6 @@ def test_unknown_mode_is_refused_without_signalling(start_tree: Callable[..., Tr
     assert proctree.is_alive(tree.main)
 
 
-@pytest.mark.process
 def test_previous_daemons_run_reaped_by_server_name(start_tree: Callable[..., Tree]) -> None:
     """With PIDs and run id unknown, every process marked with the server name is killed by marker."""
     tree = start_tree("--ranks", "2", server="prev-daemon-srv")

@@ -5,16 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from real_sglang import RealSglangError, real_sglang_python
 
-_HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test under tests/real as `real`."""
-    for item in items:
-        if _HERE in item.path.parents:
-            item.add_marker(pytest.mark.real)
+from tests.support.real_sglang import RealSglangError, real_sglang_python
 
 
 @pytest.fixture(scope="session")

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from real_sglang import run_real_script
 
 from policies import sglang_flags
 from policies.argv import SGLANG, present, scan, value, values
+from tests.support.real_sglang import run_real_script
 
 GROUPS = {
     "0": "SWITCHES",

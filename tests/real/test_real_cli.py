@@ -12,11 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from real_sglang import run_real_script
 
 from simulator.cli import build_parser, parse_server_args
-
-pytestmark = pytest.mark.real
+from tests.support.real_sglang import run_real_script
 
 _RESULT = "REAL-CLI-RESULT "
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

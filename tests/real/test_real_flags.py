@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from real_sglang import run_real_script
 
 from policies.flagcompat import FlagSet, check_ladders, rejected
 from policies.ladders import DEFAULT_LADDERS
 from policies.plan import build_argv
 from supervisor.host.flaghelp import target_flags
+from tests.support.real_sglang import run_real_script
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS_0523 = ROOT / "tests" / "data" / "sglang-0.5.23-flags.txt"

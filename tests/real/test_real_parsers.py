@@ -11,13 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-from real_sglang import run_real_script
-
 from simulator.families import ChatRequest, generate_chat
 from simulator.parsers.chat import StreamParser, chunk_tokens, parse_complete
-
-pytestmark = pytest.mark.real
+from tests.support.real_sglang import run_real_script
 
 _RESULT = "REAL-PARSERS-RESULT "
 _TOOL_PARSERS = ("kimi_k2", "deepseekv3", "deepseekv31", "qwen25", "hermes", "glm45", "glm47")

@@ -1,0 +1,130 @@
+"""PD disaggregation: prefill + decode + the router stand-in, and the PD faults F3, F4, F5."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.http import http
+from tests.support.ports import free_port
+from tests.support.sim import FAST_CRASH, Sim, cleanup, kill_group, start, wait_ready
+from tests.support.wait import wait_for
+
+CHAT = {"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 16}
+GAUGE = (
+    'sglang:num_decode_transfer_queue_reqs{model_name="Qwen/Qwen3-8B",engine_type="decode",'
+    'tp_rank="0",pp_rank="0",moe_ep_rank="0"}'
+)
+WAIT = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "3", **FAST_CRASH}
+
+
+@dataclass
+class Pd:
+    """A prefill, a decode and a router sharing one state dir."""
+
+    prefill: Sim
+    decode: Sim
+    router: Sim
+    bootstrap: int
+
+    def chat(self, timeout: float = 30) -> tuple[int, str]:
+        """One chat completion through the router: status and body text."""
+        reply = http(f"http://127.0.0.1:{self.router.port}/v1/chat/completions", "POST", CHAT, timeout)
+        return reply.status, reply.body.decode()
+
+
+def _prefill(tmp_path: Path, bootstrap: int, env: dict[str, str], port: int | None = None) -> Sim:
+    args = ("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(bootstrap))
+    return start(tmp_path, *args, env=env, port=port, name="prefill", state_dir=tmp_path / "state")
+
+
+def _decode(tmp_path: Path, env: dict[str, str], port: int | None = None) -> Sim:
+    args = ("--disaggregation-mode", "decode", "--base-gpu-id", "1", "--enable-metrics")
+    return start(tmp_path, *args, env=env, port=port, name="decode", state_dir=tmp_path / "state")
+
+
+@contextlib.contextmanager
+def pd_deployment(
+    tmp_path: Path, prefill_env: dict[str, str] | None = None, decode_env: dict[str, str] | None = None
+) -> Iterator[Pd]:
+    """Start prefill, decode and router; tear all of them down after."""
+    bootstrap, router_port = free_port(1), free_port(1)
+    prefill = _prefill(tmp_path, bootstrap, {**WAIT, **(prefill_env or {})})
+    decode = _decode(tmp_path, {**WAIT, **(decode_env or {})})
+    argv = ["--pd-disaggregation", "--prefill", prefill.base_url, str(bootstrap), "--decode", decode.base_url]
+    router = start(
+        tmp_path,
+        *argv,
+        "--port",
+        str(router_port),
+        port=router_port,
+        name="router",
+        module="simulator.launch_router",
+    )
+    pd = Pd(prefill, decode, router, bootstrap)
+    try:
+        wait_ready(prefill)
+        wait_ready(decode)
+        wait_for(lambda: router.get("/liveness").status == 200, 20, "router up")
+        yield pd
+    finally:
+        for sim in (pd.router, pd.decode, pd.prefill):
+            cleanup(sim)
+
+
+def test_chat_through_the_router_succeeds(tmp_path: Path) -> None:
+    """A chat request sent to the router is prefilled, transferred and decoded; the router is ready."""
+    with pd_deployment(tmp_path) as pd:
+        status, body = pd.chat()
+        assert status == 200 and '"choices"' in body
+        assert pd.router.get("/readiness").json()["status"] == "ready"
+        assert http(f"http://127.0.0.1:{pd.bootstrap}/health").body == b"OK"
+        pd.prefill.wait_log("Prefill batch")
+
+
+def test_f3_decode_transfer_wedge_is_invisible_to_health(tmp_path: Path) -> None:
+    """F3 on decode: requests park in the transfer queue (gauge > 0, /health 200), then 500 KVTransferError."""
+    scenario = {"SGLANG_SIM_SCENARIO": "pd_decode_transfer_wedge"}
+    with ThreadPoolExecutor(1) as pool, pd_deployment(tmp_path, decode_env=scenario) as pd:
+        reply = pool.submit(pd.chat)
+        wait_for(lambda: pd.decode.metrics().get(GAUGE, 0) >= 1, 10, "transfer queue gauge")
+        assert pd.decode.get("/health").status == 200
+        assert pd.prefill.get("/health").status == 200
+        status, body = reply.result(timeout=30)
+        assert status == 500 and "KVTransferError(bootstrap_room=" in body
+        assert "Failed to get kvcache from prefill instance, it might be dead" in body
+        pd.decode.wait_log(
+            r"Decode transfer failed for request rank=0 .*after 3\.0s in KVPoll\.WaitingForInput"
+        )
+        assert pd.decode.metrics()[GAUGE] >= 1  # frozen until the next stats tick
+
+
+def test_f4_nixl_transfer_worker_assert_hangs_later_requests(tmp_path: Path) -> None:
+    """F4 on prefill: the transfer worker dies with an AssertionError; every PD request then fails, health 200."""
+    with pd_deployment(tmp_path, prefill_env={"SGLANG_SIM_SCENARIO": "nixl_transfer_worker_assert"}) as pd:
+        assert pd.chat()[0] == 500
+        pd.prefill.wait_log(r"Unexpected transfer worker error for room \d+")
+        assert "AssertionError" in pd.prefill.log()
+        assert pd.chat()[0] == 500
+        assert pd.prefill.get("/health").status == 200 and pd.decode.get("/health").status == 200
+
+
+def test_f5_prefill_restart_wedges_decode_until_decode_restarts(tmp_path: Path) -> None:
+    """F5: after a prefill restart decode keeps the stale instance (requests 500, health 503) until restarted."""
+    decode_env = {"SGLANG_SIM_SCENARIO": "prefill_replaced_decode_stale"}
+    with pd_deployment(tmp_path, decode_env=decode_env) as pd:
+        assert pd.chat()[0] == 200
+        kill_group(pd.prefill)
+        pd.prefill = _prefill(tmp_path, pd.bootstrap, WAIT, port=pd.prefill.port)
+        wait_ready(pd.prefill)
+        assert pd.prefill.post("/v1/chat/completions", CHAT).status == 200  # prefill alone is fine
+        assert pd.chat()[0] == 500
+        pd.decode.wait_log(f"Could not fetch prefill parallel info from 127.0.0.1:{pd.bootstrap}")
+        assert pd.decode.get("/health").status == 503
+        kill_group(pd.decode)
+        pd.decode = _decode(tmp_path, {**WAIT, **decode_env}, port=pd.decode.port)
+        wait_ready(pd.decode)
+        assert pd.chat()[0] == 200

@@ -1,0 +1,130 @@
+"""The real SGLang 0.5.23, installed once into a venv cached outside the clone, for the `real` test tier.
+
+The venv lives in `$SGLSUP_CACHE_DIR` (default `$XDG_CACHE_HOME/sglang-supervisor`, else
+`~/.cache/sglang-supervisor`) as `real-<hash12>/`, keyed by the hash of `requirements-real.txt`. A marker
+file is written only once the whole install succeeded and SGLang's argument parser imports, so a half
+install is redone. An fcntl lock keeps two pytest processes from installing at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements-real.txt"
+SMOKE_IMPORT = (
+    "import argparse; from sglang.srt.server_args import ServerArgs; "
+    "ServerArgs.add_cli_args(argparse.ArgumentParser())"
+)
+_MARKER = ".install-complete"
+_TAIL_CHARS = 4000
+_LOCK_POLL_S = 0.5
+
+
+class RealSglangError(RuntimeError):
+    """The real SGLang venv could not be installed, or a script run with it failed."""
+
+
+def cache_root() -> Path:
+    """Where cached real-SGLang venvs live."""
+    explicit = os.environ.get("SGLSUP_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "sglang-supervisor"
+
+
+def venv_dir(requirements: Path = REQUIREMENTS) -> Path:
+    """The venv for this exact requirements file: `real-<first 12 hex of its sha256>`."""
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:12]
+    return cache_root() / f"real-{digest}"
+
+
+def _tail(text: str) -> str:
+    return text[-_TAIL_CHARS:]
+
+
+def _run(argv: list[str], deadline: float, log: Path) -> None:
+    """Run one install step, append its output to `log`, raise with the output's tail on failure."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise RealSglangError(f"install of the real SGLang ran out of time before: {' '.join(argv)}")
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=remaining, check=False)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.output if isinstance(exc.output, str) else ""
+        raise RealSglangError(f"timed out after {remaining:.0f} s: {' '.join(argv)}\n{_tail(out)}") from None
+    output = done.stdout + done.stderr
+    with log.open("a", encoding="utf-8") as sink:
+        sink.write(f"$ {' '.join(argv)}\n{output}\n")
+    if done.returncode != 0:
+        raise RealSglangError(f"exit {done.returncode}: {' '.join(argv)}\n{_tail(output)}")
+
+
+def _install(target: Path, requirements: Path, deadline: float) -> None:
+    """Build the venv from scratch: venv, pinned install (retried once), smoke import, marker."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    log = target / "install.log"
+    _run([sys.executable, "-m", "venv", str(target)], deadline, log)
+    python = target / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "--no-deps", "--no-input", "-r", str(requirements)]
+    try:
+        _run(pip, deadline, log)
+    except RealSglangError:
+        _run(pip, deadline, log)
+    _run([str(python), "-c", SMOKE_IMPORT], deadline, log)
+    (target / _MARKER).write_text(hashlib.sha256(requirements.read_bytes()).hexdigest() + "\n")
+
+
+def _lock(path: Path, deadline: float) -> int:
+    """Take an exclusive fcntl lock on `path`, polling until `deadline`; returns the open descriptor."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise RealSglangError(f"another process holds {path} (installing the real SGLang)") from None
+            time.sleep(_LOCK_POLL_S)
+
+
+def real_sglang_python(timeout_s: float = 1500) -> Path:
+    """The interpreter of the cached real-SGLang venv, installing it first if needed (raises RealSglangError)."""
+    deadline = time.monotonic() + timeout_s
+    target = venv_dir()
+    python = target / "bin" / "python"
+    if (target / _MARKER).is_file() and python.exists():
+        return python
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = _lock(target.parent / f"{target.name}.lock", deadline)
+    try:
+        if not ((target / _MARKER).is_file() and python.exists()):
+            _install(target, REQUIREMENTS, deadline)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    return python
+
+
+def run_real_script(python: Path, script: str, timeout_s: float) -> str:
+    """Run `python -c script` and return its stdout; raise RealSglangError with stderr's tail on failure."""
+    try:
+        done = subprocess.run(
+            [str(python), "-c", script], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr if isinstance(exc.stderr, str) else ""
+        raise RealSglangError(f"real-SGLang script timed out after {timeout_s} s\n{_tail(err)}") from None
+    if done.returncode != 0:
+        raise RealSglangError(f"real-SGLang script exited {done.returncode}\n{_tail(done.stderr)}")
+    return done.stdout

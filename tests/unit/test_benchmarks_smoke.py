@@ -1,0 +1,64 @@
+"""The benchmark modules import and accept `--quick`; nothing here runs a benchmark."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from benchmarks import bench_baselines, bench_detection, bench_soak
+from benchmarks.common import parser, summary
+
+MODULES = [
+    "benchmarks.run_all",
+    "benchmarks.bench_core",
+    "benchmarks.bench_detection",
+    "benchmarks.bench_baselines",
+    "benchmarks.bench_group",
+    "benchmarks.bench_soak",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_imports_and_has_main(name: str) -> None:
+    """Each benchmark module imports and exposes a main() entry point."""
+    module = importlib.import_module(name)
+    assert callable(module.main)
+
+
+def test_common_parser_accepts_quick() -> None:
+    """The shared parser turns --quick on and defaults it off."""
+    assert parser("x").parse_args(["--quick"]).quick is True
+    assert parser("x").parse_args([]).quick is False
+
+
+def test_detection_parser_accepts_quick_and_only() -> None:
+    """bench_detection takes --quick and a list of scenarios for --only."""
+    args = bench_detection.build_parser().parse_args(["--quick", "--only", "runtime_cuda_oom_crash"])
+    assert args.quick and args.only == ["runtime_cuda_oom_crash"]
+
+
+def test_baselines_parser_accepts_quick_bound_and_only() -> None:
+    """bench_baselines takes --quick, --bound and --only."""
+    args = bench_baselines.build_parser().parse_args(["--quick", "--bound", "30", "--only", "healthy"])
+    assert args.quick and args.bound == 30 and args.only == ["healthy"]
+
+
+def test_soak_parser_takes_minutes_seed_and_quiet() -> None:
+    """bench_soak defaults to 30 minutes; --minutes shortens it."""
+    assert bench_soak.build_parser().parse_args([]).minutes == 30
+    args = bench_soak.build_parser().parse_args(["--minutes", "5", "--seed", "3", "--quiet", "10"])
+    assert (args.minutes, args.seed, args.quiet) == (5, 3, 10)
+
+
+def test_summary_figures() -> None:
+    """summary() gives n, median and p90, and None figures for no samples."""
+    s = summary([3.0, 1.0, 2.0])
+    assert (s["n"], s["median"], s["min"], s["max"]) == (3, 2.0, 1.0, 3.0)
+    assert summary([])["median"] is None
+
+
+def test_k8s_default_only_on_the_healthy_scenario() -> None:
+    """The 1 s-timeout k8s model runs only where it is the point: the healthy server."""
+    assert "k8s_default" in bench_baselines.tools_for("healthy")
+    assert "k8s_default" not in bench_baselines.tools_for("runtime_cuda_oom_crash")

@@ -1,0 +1,266 @@
+"""diagnose(): observations → the fault kind of docs/contracts.md, by the documented precedence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from policies.diagnose import DiagnoseContext, diagnose
+from policies.model import Observation, ProbeSettings
+
+S = ProbeSettings()
+NOW = 1000.0
+
+
+def ctx(phase: str = "serving", role: str = "unified", started_at: float = 0.0) -> DiagnoseContext:
+    return DiagnoseContext(phase, role, started_at, S)
+
+
+def obs(
+    probe: str, ok: bool = True, at: float = NOW, latency: float | None = None, **values: Any
+) -> Observation:
+    return Observation(probe, at, ok, f"{probe} test", latency, values)
+
+
+def kind_of(window: list[Observation], c: DiagnoseContext, now: float) -> str | None:
+    fault = diagnose(window, c, now)
+    return fault.kind if fault else None
+
+
+def stalled(seconds: float, **extra: Any) -> Observation:
+    values: dict[str, Any] = {
+        "stalled_s": seconds,
+        "work_reasons": ["generation_requests_active"],
+        "last_progress_at": NOW - seconds,
+        "pd_stalled_s": 0.0,
+    }
+    values.update(extra)
+    return obs("progress", **values)
+
+
+def logs(*hits: tuple[str, str, str], at: float = NOW) -> Observation:
+    return obs("logs", at=at, hits=[{"name": "x", "kind": k, "tag": t, "line": line} for k, t, line in hits])
+
+
+def ranks(main: bool = True, missing: tuple[str, ...] = (), zombie: tuple[str, ...] = ()) -> Observation:
+    return obs("ranks", main_alive=main, missing=list(missing), zombie=list(zombie))
+
+
+def stacks(frames: dict[str, str], at: float = NOW) -> Observation:
+    collectives = set(frames.values())
+    return obs(
+        "stacks",
+        at=at,
+        ranks={t: {"collective": c} for t, c in frames.items()},
+        diverging=len(collectives) > 1,
+        all_in=next(iter(collectives)) if len(collectives) == 1 else None,
+    )
+
+
+def test_quiet_window_is_no_fault() -> None:
+    """Healthy probes diagnose nothing."""
+    window = [obs("health", status=200), stalled(0.0), ranks(), obs("canary_tool", verdict="pass")]
+    assert diagnose(window, ctx(), NOW) is None
+
+
+def test_fatal_xid_is_gpu_fault_above_everything() -> None:
+    """Xid 79 wins over a crash line and a stall."""
+    window = [
+        obs("gpu", ok=False, xids=[{"index": 3, "xid": 79, "at": 1.0}], spin=[]),
+        logs(("crash", "", "Scheduler hit an exception:")),
+        stalled(60.0),
+    ]
+    fault = diagnose(window, ctx(), NOW)
+    assert fault is not None and fault.kind == "gpu_fault" and fault.restart
+
+
+def test_oom_line_beats_the_crash_that_follows() -> None:
+    """CUDA OOM then the fail-stop teardown is `oom`."""
+    window = [
+        logs(
+            ("crash", "", "Scheduler hit an exception:"),
+            ("oom", "", "torch.OutOfMemoryError: CUDA out of memory"),
+        )
+    ]
+    fault = diagnose(window, ctx(), NOW)
+    assert fault is not None and fault.kind == "oom"
+
+
+def test_missing_rank_with_main_alive_is_crash() -> None:
+    """F10: a scheduler rank gone while the HTTP server lives on."""
+    fault = diagnose([ranks(missing=("sglang::scheduler_TP1",))], ctx(), NOW)
+    assert fault is not None and fault.kind == "crash"
+    assert fault.evidence["ranks"]["missing"] == ["sglang::scheduler_TP1"]
+
+
+def test_ranks_not_yet_spawned_while_starting_are_not_a_crash() -> None:
+    """During startup the ranks appear one by one: missing is not lost."""
+    assert diagnose([ranks(missing=("sglang::scheduler_TP0",))], ctx("starting", started_at=NOW), NOW) is None
+
+
+def test_crash_while_starting_is_startup_failure() -> None:
+    """A fail-stop line before serving is a startup failure; an IMA carries its ladder tag."""
+    window = [
+        logs(("crash", "illegal_memory_access", "CUDA error: an illegal memory access was encountered"))
+    ]
+    assert kind_of(window, ctx("starting", started_at=NOW), NOW) == "startup_failure"
+    fault = diagnose(window, ctx(), NOW)
+    assert fault is not None and fault.kind == "crash" and fault.evidence["tags"] == ["illegal_memory_access"]
+
+
+def test_startup_death_lines() -> None:
+    """A port collision or /dev/shm bus error is startup_failure with its tag."""
+    fault = diagnose(
+        [logs(("startup_failure", "dev_shm", "Fatal Python error: Bus error"))], ctx("starting"), NOW
+    )
+    assert fault is not None and fault.kind == "startup_failure" and fault.evidence["tags"] == ["dev_shm"]
+
+
+def test_diverging_stacks_during_a_stall_are_collective_hang() -> None:
+    """F1: ranks in different collectives with no progress → collective_hang naming each rank."""
+    window = [stalled(25.0), stacks({"TP0": "broadcast", "TP1": "all_reduce"}, at=NOW - 5)]
+    fault = diagnose(window, ctx(), NOW)
+    assert fault is not None and fault.kind == "collective_hang"
+    assert fault.evidence["stacks"] == {
+        "TP0": {"collective": "broadcast"},
+        "TP1": {"collective": "all_reduce"},
+    }
+
+
+def test_stacks_from_before_the_stall_are_ignored() -> None:
+    """Stacks taken before the stall began say nothing about it: plain decode_wedge."""
+    window = [stalled(25.0), stacks({"TP0": "broadcast", "TP1": "all_reduce"}, at=NOW - 100)]
+    assert kind_of(window, ctx(), NOW) == "decode_wedge"
+
+
+def test_all_ranks_idle_in_recv_requests_is_not_collective() -> None:
+    """Every rank waiting for work while requests stall points at the main process: decode_wedge."""
+    window = [stalled(25.0), stacks({"TP0": "recv_requests", "TP1": "recv_requests"})]
+    assert kind_of(window, ctx(), NOW) == "decode_wedge"
+
+
+def test_all_ranks_in_one_collective_is_collective_hang() -> None:
+    """Every rank spinning in custom_all_reduce with no progress is a collective hang."""
+    window = [stalled(25.0), stacks({"TP0": "custom_all_reduce", "TP1": "custom_all_reduce"})]
+    assert kind_of(window, ctx(), NOW) == "collective_hang"
+
+
+def test_gpu_spin_with_stall_is_collective_hang() -> None:
+    """High utilisation at idle power with no progress is the spin signature."""
+    window = [stalled(25.0), obs("gpu", spin=[0, 1, 2], xids=[])]
+    fault = diagnose(window, ctx(), NOW)
+    assert fault is not None and fault.kind == "collective_hang" and fault.evidence["gpu_spin"] == [0, 1, 2]
+
+
+def test_gpu_spin_without_stall_is_nothing() -> None:
+    """Spin evidence alone (progress moving) is not a fault."""
+    assert diagnose([stalled(0.0), obs("gpu", spin=[0], xids=[])], ctx(), NOW) is None
+
+
+def test_stall_below_threshold_is_nothing() -> None:
+    """Work waiting less than stall_after_s is not yet a wedge."""
+    assert diagnose([stalled(S.stall_after_s - 1)], ctx(), NOW) is None
+
+
+def test_stall_is_decode_wedge() -> None:
+    """Work in flight with no token progress for stall_after_s is decode_wedge."""
+    fault = diagnose([stalled(S.stall_after_s + 1)], ctx(), NOW)
+    assert fault is not None and fault.kind == "decode_wedge" and fault.restart
+
+
+def test_pd_queue_stuck_on_decode_is_pd_transfer_wedge() -> None:
+    """Decode role: a transfer queue that neither drains nor decodes is pd_transfer_wedge."""
+    window = [stalled(30.0, pd_queue=3.0, pd_stalled_s=30.0)]
+    assert kind_of(window, ctx(role="decode"), NOW) == "pd_transfer_wedge"
+    assert kind_of(window, ctx(role="prefill"), NOW) == "decode_wedge"
+
+
+@pytest.mark.parametrize("probe", ["canary_tool", "canary_reasoning", "config_check"])
+def test_definitive_canary_failure_is_parser_misconfig(probe: str) -> None:
+    """A leak, a structural failure or a wrong /server_info parser is parser_misconfig."""
+    fault = diagnose([obs(probe, ok=False, verdict="fail")], ctx("starting", started_at=NOW), NOW)
+    assert fault is not None and fault.kind == "parser_misconfig" and fault.evidence["probe"] == probe
+
+
+def test_inconclusive_canary_is_not_a_fault() -> None:
+    """Timeouts and declined calls are retried, never diagnosed as misconfiguration."""
+    assert (
+        diagnose([obs("canary_tool", ok=False, verdict="inconclusive", soft_fail=True)], ctx(), NOW) is None
+    )
+
+
+def _health_streak(start: float, n: int, status: int | None = 503, step: float = 10.0) -> list[Observation]:
+    return [obs("health", ok=False, at=start + i * step, latency=1.0, status=status) for i in range(n)]
+
+
+def test_persistent_503_without_progress_is_health_unresponsive() -> None:
+    """F10 / P5: 503 for unresponsive_after_s with nothing moving."""
+    window = [obs("health", at=NOW - 200, status=200), *_health_streak(NOW - 150, 15)]
+    window.append(obs("progress", stalled_s=0.0, last_progress_at=NOW - 300))
+    fault = diagnose(window, ctx(), NOW)
+    assert fault is not None and fault.kind == "health_unresponsive"
+
+
+def test_503_while_progress_moves_is_not_a_fault() -> None:
+    """F13: /health false negatives during a long prefill are not acted on."""
+    window = [*_health_streak(NOW - 150, 15), obs("progress", stalled_s=0.0, last_progress_at=NOW - 3)]
+    assert diagnose(window, ctx(), NOW) is None
+
+
+def test_short_503_streak_is_not_a_fault() -> None:
+    """A streak shorter than unresponsive_after_s is tolerated."""
+    window = [*_health_streak(NOW - 50, 5), obs("progress", stalled_s=0.0, last_progress_at=NOW - 300)]
+    assert diagnose(window, ctx(), NOW) is None
+
+
+def test_503_while_starting_is_not_unresponsive() -> None:
+    """503 is normal while warming up."""
+    window = _health_streak(NOW - 150, 15)
+    assert diagnose(window, ctx("starting", started_at=NOW - 160), NOW) is None
+
+
+def test_silent_startup_is_startup_stalled() -> None:
+    """No progress line for startup_silence_s while starting."""
+    window = [
+        obs(
+            "logs", hits=[], last_progress_at=NOW - S.startup_silence_s - 1, progress_line="Load weight begin"
+        )
+    ]
+    fault = diagnose(window, ctx("starting", started_at=NOW - 400), NOW)
+    assert fault is not None and fault.kind == "startup_stalled"
+    assert fault.evidence["startup"]["progress_line"] == "Load weight begin"
+
+
+def test_progress_extends_the_startup_budget() -> None:
+    """F15: a slow start that keeps logging JIT progress is not stalled, even past the budget."""
+    window = [obs("logs", hits=[], last_progress_at=NOW - 5, progress_line="DeepGEMM JIT Compiling: 90%")]
+    assert diagnose(window, ctx("starting", started_at=NOW - S.startup_budget_s - 100), NOW) is None
+
+
+def test_stream_leak_alerts_without_restart() -> None:
+    """F16: leaks only under concurrency degrade, never restart."""
+    window = [
+        obs("canary_tool", verdict="pass"),
+        obs("canary_stream", ok=False, verdict="fail", single_ok=True),
+    ]
+    fault = diagnose(window, ctx(), NOW)
+    assert fault is not None and fault.kind == "stream_leak" and not fault.restart
+
+
+def test_wedge_outranks_stream_leak_and_unresponsive() -> None:
+    """Precedence: decode_wedge > health_unresponsive > stream_leak."""
+    window = [
+        obs("canary_stream", ok=False, verdict="fail"),
+        *_health_streak(NOW - 150, 15),
+        stalled(S.stall_after_s + 5, last_progress_at=NOW - 300),
+    ]
+    assert kind_of(window, ctx(), NOW) == "decode_wedge"
+
+
+def test_watchdog_line_is_decode_wedge_and_nccl_timeout_collective() -> None:
+    """SGLang's watchdog line names a wedge; a torch NCCL timeout names a collective hang."""
+    wd = logs(("decode_wedge", "", "Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)"))
+    assert kind_of([wd], ctx(), NOW) == "decode_wedge"
+    nccl = logs(("collective_hang", "", "Watchdog caught collective operation timeout: WorkNCCL("))
+    assert kind_of([nccl, wd], ctx(), NOW) == "collective_hang"

@@ -1,0 +1,107 @@
+"""The supervisor's metrics: contract names, types and labels as docs/contracts.md promises."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from supervisor.reporting.metrics import CONTENT_TYPE, FAULT_KINDS, STATES, SupervisorMetrics
+from tests.support.monitoring import populated
+from tests.support.paths import REPO
+
+CONTRACT_METRICS = {
+    "sglang_supervisor_server_state": "gauge",
+    "sglang_supervisor_restarts_total": "counter",
+    "sglang_supervisor_incidents_total": "counter",
+    "sglang_supervisor_detection_latency_seconds": "histogram",
+    "sglang_supervisor_time_to_serving_seconds": "histogram",
+    "sglang_supervisor_probe_duration_seconds": "histogram",
+    "sglang_supervisor_probe_results_total": "counter",
+    "sglang_supervisor_canary_results_total": "counter",
+    "sglang_supervisor_fallback_rung": "gauge",
+    "sglang_supervisor_gpu_release_duration_seconds": "histogram",
+    "sglang_supervisor_alert_deliveries_total": "counter",
+    "sglang_supervisor_loop_last_tick_timestamp_seconds": "gauge",
+    "sglang_supervisor_build_info": "gauge",
+    "sglang_supervisor_group_generation": "gauge",
+    "sglang_supervisor_group_etcd_up": "gauge",
+    "sglang_supervisor_group_barrier_wait_seconds": "gauge",
+    "sglang_supervisor_group_barrier_timeout_seconds": "gauge",
+    "sglang_supervisor_group_member_phase": "gauge",
+    "sglang_supervisor_group_generation_bumps_total": "counter",
+}
+
+
+def test_every_contract_metric_is_exposed_with_its_type() -> None:
+    """Each metric of docs/contracts.md appears in the render with the contract's type."""
+    text = populated().render().decode()
+    for name, kind in CONTRACT_METRICS.items():
+        assert f"# TYPE {name} {kind}\n" in text, name
+
+
+def test_vocabulary_matches_docs_contracts() -> None:
+    """The states and fault kinds used as label values are exactly those of docs/contracts.md."""
+    contracts = (REPO / "docs" / "contracts.md").read_text()
+
+    def listed(heading: str) -> list[str]:
+        section = contracts.split(heading, 1)[1].split("##", 1)[0]
+        return re.findall(r"[a-z_]+", " ".join(re.findall(r"`([^`]+)`", section)))
+
+    assert list(STATES) == listed("## Server states")
+    assert list(FAULT_KINDS) == listed("## Fault kinds")
+
+
+def test_set_state_sets_exactly_one_state() -> None:
+    """server_state is a state set: 1 for the current state, 0 for every other state."""
+    m = SupervisorMetrics()
+    m.set_state("unified", "starting")
+    m.set_state("unified", "recovering")
+    values = {
+        s: m.registry.get_sample_value("sglang_supervisor_server_state", {"server": "unified", "state": s})
+        for s in STATES
+    }
+    assert values == {s: (1.0 if s == "recovering" else 0.0) for s in STATES}
+
+
+def test_new_server_starts_every_fault_counter_at_zero() -> None:
+    """A server's first appearance creates restart and incident series at 0 for every fault kind."""
+    m = SupervisorMetrics()
+    m.set_state("decode", "starting")
+    m.incident("decode", "oom")
+    for fault in FAULT_KINDS:
+        labels = {"server": "decode", "fault": fault}
+        assert m.registry.get_sample_value("sglang_supervisor_restarts_total", labels) == 0.0
+        expected = 1.0 if fault == "oom" else 0.0
+        assert m.registry.get_sample_value("sglang_supervisor_incidents_total", labels) == expected
+
+
+def test_declared_sink_has_every_outcome_at_zero() -> None:
+    """declare_sink creates ok/failed/dropped delivery counters at 0."""
+    m = SupervisorMetrics()
+    m.declare_sink("webhook")
+    for outcome in ("ok", "failed", "dropped"):
+        labels = {"sink": "webhook", "outcome": outcome}
+        assert m.registry.get_sample_value("sglang_supervisor_alert_deliveries_total", labels) == 0.0
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m: m.set_state("s", "running"),
+        lambda m: m.incident("s", "segfault"),
+        lambda m: m.probe("s", "health", "slow", 1.0),
+        lambda m: m.canary("s", "tool_call", "maybe"),
+        lambda m: m.alert_delivery("slack", "retried"),
+    ],
+)
+def test_unknown_label_value_is_rejected(call: object) -> None:
+    """Values outside the shared vocabulary raise instead of creating a stray series."""
+    m = SupervisorMetrics()
+    with pytest.raises(ValueError, match="allowed"):
+        call(m)  # type: ignore[operator]
+
+
+def test_content_type_is_text_format_004() -> None:
+    """The exposition content type is the Prometheus text format every Prometheus version accepts."""
+    assert CONTENT_TYPE.startswith("text/plain; version=0.0.4")

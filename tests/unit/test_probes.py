@@ -1,0 +1,425 @@
+"""Probes against recorded bodies and fakes: metrics parsing, the progress lease, SSE reassembly, stacks, GPUs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from policies.leaks import FAIL, INCONCLUSIVE, PASS
+from policies.model import ProbeSettings, TreeView
+from policies.triage import ServerFacts, TreeFacts, Triage, triage
+from probes.canary import chat, from_json, reassemble, tool_canary
+from probes.gpu_probe import GpuWatch
+from probes.health import probe_health
+from probes.logwatch import LogWatch
+from probes.monitor import Monitor
+from probes.progress import ProgressTracker, parse_metrics, progress_counters
+from probes.stacks import classify, observe_ranks, parse_dump
+from tests.support.ports import free_port
+
+METRICS = """# HELP sglang:num_running_reqs num_running_reqs
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",engine_type="decode",tp_rank="0"} 2.0
+sglang:num_decode_transfer_queue_reqs{model_name="m",engine_type="decode",tp_rank="0"} 3.0
+sglang:realtime_tokens_total{model_name="m",tp_rank="0",mode="decode"} 100.0
+sglang:realtime_tokens_total{model_name="m",tp_rank="0",mode="prefill_compute"} 50.0
+sglang:cuda_graph_passes_total{model_name="m",tp_rank="0",mode="decode_cuda_graph"} 10
+sglang:inter_token_latency_seconds_count{model_name="m"} 90
+sglang:http_requests_active{endpoint="/v1/chat/completions",method="POST"} ACTIVE
+sglang:http_requests_active{endpoint="/health",method="GET"} 1
+sglang:weird{label="a,b=\\"c\\""} 1e3
+not a metric line
+"""
+
+
+def metrics(active: int = 1, decode: float = 100.0) -> str:
+    return METRICS.replace("ACTIVE", str(active)).replace("} 100.0", f"}} {decode}")
+
+
+def test_parse_metrics_labels_and_values() -> None:
+    """Labels with commas and escaped quotes parse; comments and junk are skipped."""
+    samples = parse_metrics(metrics())
+    weird = next(s for s in samples if s.name == "sglang:weird")
+    assert weird.value == 1000.0 and weird.labels == {"label": 'a,b=\\"c\\"'}
+    assert progress_counters(samples) == {
+        "decode_tokens": 100.0,
+        "prefill_tokens": 50.0,
+        "decode_passes": 10.0,
+        "streamed_tokens": 90.0,
+    }
+
+
+def test_lease_counts_a_stall_only_while_work_waits() -> None:
+    """Flat counters with a generation request active stall; moving counters or no work do not."""
+    t = ProgressTracker()
+    t.reset(0.0)
+    assert t.update(parse_metrics(metrics(decode=1)), 1.0).values["stalled_s"] == 0.0
+    assert t.update(parse_metrics(metrics(decode=2)), 5.0).values["stalled_s"] == 0.0
+    obs = t.update(parse_metrics(metrics(decode=2)), 30.0)
+    assert obs.values["stalled_s"] == 25.0 and obs.values["work_reasons"] == ["generation_requests_active"]
+    idle = t.update(parse_metrics(metrics(active=0, decode=2)), 40.0)
+    assert idle.values["work"] is False and idle.values["stalled_s"] == 0.0
+
+
+def test_frozen_running_gauge_counts_only_without_http_gauge() -> None:
+    """A stale num_running_reqs is work only when the live HTTP gauge is absent."""
+    t = ProgressTracker()
+    t.reset(0.0)
+    assert t.update(parse_metrics(metrics(active=0)), 1.0).values["work"] is False
+    no_http = "\n".join(line for line in metrics().splitlines() if "http_requests_active" not in line)
+    assert t.update(parse_metrics(no_http), 2.0).values["work_reasons"] == ["num_running_reqs"]
+
+
+def test_other_progress_and_own_canary() -> None:
+    """Our outstanding canary is work; a log batch line or busy GPU is progress."""
+    t = ProgressTracker()
+    t.reset(0.0)
+    t.update(parse_metrics(metrics(active=0)), 1.0)
+    obs = t.update(parse_metrics(metrics(active=0)), 10.0, canary_outstanding=True)
+    assert obs.values["work_reasons"] == ["canary_outstanding"]
+    obs = t.update(parse_metrics(metrics(active=0)), 30.0, canary_outstanding=True, other_progress_at=29.0)
+    assert obs.values["stalled_s"] == 1.0
+
+
+def test_pd_queue_that_neither_drains_nor_decodes() -> None:
+    """Decode role: a transfer queue stuck at 3 with flat decode counters accumulates pd_stalled_s."""
+    t = ProgressTracker(role="decode")
+    t.reset(0.0)
+    t.update(parse_metrics(metrics()), 1.0)
+    assert t.update(parse_metrics(metrics()), 21.0).values["pd_stalled_s"] == 20.0
+    assert t.update(parse_metrics(metrics(decode=500)), 22.0).values["pd_stalled_s"] == 0.0
+
+
+def test_failed_scrape_is_an_observation() -> None:
+    """No metrics: ok=False with the error, never an exception."""
+    t = ProgressTracker()
+    t.reset(0.0)
+    obs = t.update(None, 1.0, error="HTTP 404")
+    assert not obs.ok and "HTTP 404" in obs.detail
+
+
+PYSPY = """Process 4242: sglang::scheduler_TP1
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4242 (idle): "MainThread"
+    wait (threading.py:331)
+    _wait (threading.py:732)
+    all_reduce (sglang/srt/distributed/parallel_state.py:512)
+    forward (sglang/srt/models/deepseek_v2.py:100)
+Thread 4250 (idle): "watchdog"
+    broadcast (x.py:1)
+"""
+
+
+def test_parse_dump_and_classify_innermost_collective() -> None:
+    """The main thread comes first; its innermost collective-like frame names the collective."""
+    threads = parse_dump(PYSPY)
+    assert threads[0][0] == "wait (threading.py:331)"
+    assert classify(threads[0]) == ("all_reduce", "all_reduce (sglang/srt/distributed/parallel_state.py:512)")
+    assert (
+        classify(["recv (multiprocessing/connection.py:1)", "recv_requests (ranks.py:2)"])[0]
+        == "recv_requests"
+    )
+    assert classify(["forward (m.py:1)"]) == (None, None)
+
+
+def test_ranks_observation_reports_lost_ranks_and_cpu_advance() -> None:
+    """Missing/zombie ranks fail the probe; CPU time advancing is evidence per rank."""
+    obs = observe_ranks(TreeView(rank_cpu_s={"TP0": 2.0, "TP1": 1.0}), {"TP0": 1.0, "TP1": 1.0}, 5.0)
+    assert obs.ok and obs.values["cpu_advancing"] == {"TP0": True, "TP1": False}
+    assert not observe_ranks(TreeView(missing_ranks=("TP1",)), {}, 5.0).ok
+
+
+def test_gpu_spin_busy_and_xids_once() -> None:
+    """Spin = ≥95 % at ≤35 % power; busy = real power; each Xid is reported once; old Xids are ignored."""
+    watch = GpuWatch(started_wall=1000.0)
+    gpus = [
+        {
+            "index": 0,
+            "utilization_gpu": 99.5,
+            "power_w": 120,
+            "power_limit_w": 700,
+            "xid_events": [{"xid": 79, "at": 1001}],
+        },
+        {
+            "index": 1,
+            "utilization_gpu": 90,
+            "power_w": 500,
+            "power_limit_w": 700,
+            "xid_events": [{"xid": 13, "at": 10}],
+        },
+    ]
+    first = watch.observe(lambda: gpus, 1.0)
+    assert first.values["spin"] == [0] and first.values["busy"] == [1]
+    assert first.values["xids"] == [{"index": 0, "xid": 79, "at": 1001.0}] and not first.ok
+    assert watch.observe(lambda: gpus, 2.0).values["xids"] == []
+
+
+def test_gpu_reader_error_is_an_observation() -> None:
+    """A failing GPU backend gives ok=False, never an exception."""
+
+    def broken() -> list[dict[str, Any]]:
+        raise OSError("nvml gone")
+
+    assert not GpuWatch().observe(broken, 1.0).ok
+
+
+def test_logwatch_progress_ready_and_hits() -> None:
+    """Progress lines move last_progress_at; fatal lines become hits; ready is remembered."""
+    watch = LogWatch()
+    obs = watch.observe(
+        ["[t TP0] Load weight begin. avail mem=1 GB", "[t] Scheduler hit an exception: x"], 5.0
+    )
+    assert obs.values["last_progress_at"] == 5.0 and not obs.ok
+    assert obs.values["hits"][0]["kind"] == "crash"
+    obs = watch.observe(["[t] The server is fired up and ready to roll!"], 6.0)
+    assert obs.values["ready"] and obs.ok
+    flood = watch.observe(["KV cache pool is full. Retract requests. #retracted_reqs: 1"] * 50, 7.0)
+    assert len(flood.values["hits"]) == 20 and flood.values["dropped_hits"] == 30
+
+
+KIMI_NON_STREAM = {
+    "id": "x",
+    "object": "chat.completion",
+    "choices": [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": None,
+                "tool_calls": [
+                    {
+                        "id": "functions.get_weather:0",
+                        "index": 0,
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            "finish_reason": "tool_calls",
+        }
+    ],
+    "usage": {"prompt_tokens": 200, "completion_tokens": 20, "total_tokens": 220},
+}
+
+
+def sse(*events: dict[str, Any], done: bool = True) -> bytes:
+    out = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events)
+    return out + (b"data: [DONE]\n\n" if done else b"")
+
+
+def delta(d: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+
+
+def tc(index: int, call_id: str | None, name: str | None, args: str) -> dict[str, Any]:
+    return {"tool_calls": [{"index": index, "id": call_id, "function": {"name": name, "arguments": args}}]}
+
+
+GOOD_STREAM = [
+    delta({"role": "assistant", "content": ""}),
+    delta(tc(0, "functions.get_weather:0", "get_weather", "")),
+    delta(tc(0, None, None, '{"city": ')),
+    delta(tc(0, None, None, '"Paris"}')),
+    delta({}, "tool_calls"),
+    {"choices": [], "usage": {"completion_tokens": 20}},
+]
+
+
+def test_recorded_bodies_reassemble() -> None:
+    """A kimi_k2 non-stream body and its stream give the same call."""
+    plain = from_json(KIMI_NON_STREAM)
+    streamed = reassemble(GOOD_STREAM, done=True)
+    assert plain.calls == streamed.calls
+    assert streamed.finish_reason == "tool_calls" and streamed.completion_tokens == 20
+
+
+def test_stream_structure_errors() -> None:
+    """Arguments before the name, two names for one index, a missing [DONE] and in-band errors are caught."""
+    early = reassemble(
+        [delta(tc(0, None, None, "{")), delta(tc(0, "a", "get_weather", "}")), delta({}, "tool_calls")], True
+    )
+    assert "arguments before the name for call 0" in early.stream_errors
+    twice = reassemble(
+        [delta(tc(0, "a", "get_weather", "{}")), delta(tc(0, "b", "function", "")), delta({}, "tool_calls")],
+        True,
+    )
+    assert "call 0 has several ids or names" in twice.stream_errors
+    assert reassemble(GOOD_STREAM, done=False).status is None
+    assert reassemble([{"error": {"message": "boom"}}], True).error.startswith("in-stream error")
+
+
+class FakeServer:
+    """A local aiohttp server replaying recorded bodies."""
+
+    def __init__(self) -> None:
+        self.health_status = 200
+        self.health_delay = 0.0
+        self.stream_body = sse(*GOOD_STREAM)
+        self.plain_body: bytes = json.dumps(KIMI_NON_STREAM).encode()
+        self.metrics = metrics(active=0)
+        self.requests: list[str] = []
+
+    async def health(self, request: web.Request) -> web.Response:
+        self.requests.append("/health")
+        await asyncio.sleep(self.health_delay)
+        return web.Response(status=self.health_status)
+
+    async def chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append("/v1/chat/completions")
+        if body.get("stream"):
+            return web.Response(body=self.stream_body, content_type="text/event-stream")
+        return web.Response(body=self.plain_body, content_type="application/json")
+
+    async def metrics_h(self, request: web.Request) -> web.Response:
+        self.requests.append("/metrics")
+        return web.Response(text=self.metrics)
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"tool_call_parser": "kimi_k2", "reasoning_parser": None})
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[tuple[FakeServer, str]]:
+    server = FakeServer()
+    app = web.Application()
+    app.router.add_get("/health", server.health)
+    app.router.add_post("/v1/chat/completions", server.chat)
+    app.router.add_get("/metrics", server.metrics_h)
+    app.router.add_get("/server_info", server.server_info)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield server, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_health_by_status_code(fake: tuple[FakeServer, str]) -> None:
+    """200 is ok, 503 is not; a closed port is 'refused'; a slow answer is a timeout."""
+    server, url = fake
+    async with aiohttp.ClientSession() as session:
+        assert (await probe_health(session, url, 5)).ok
+        server.health_status = 503
+        obs = await probe_health(session, url, 5)
+        assert not obs.ok and obs.values["status"] == 503
+        refused = await probe_health(session, f"http://127.0.0.1:{free_port()}", 5)
+        assert refused.values["refused"] and not refused.ok
+        server.health_delay = 1.0
+        slow = await probe_health(session, url, 0.2)
+        assert slow.values["timeout"] and slow.values["status"] is None
+
+
+async def test_tool_canary_verdicts_from_recorded_bodies(fake: tuple[FakeServer, str]) -> None:
+    """Recorded kimi_k2 bodies pass; raw markup in content fails; a cut-off stream is inconclusive."""
+    server, url = fake
+    settings = ProbeSettings(canary_timeout_s=5)
+    async with aiohttp.ClientSession() as session:
+        assert (await tool_canary(session, url, "m", settings)).values["verdict"] == PASS
+        server.stream_body = sse(*GOOD_STREAM, done=False)
+        assert (await tool_canary(session, url, "m", settings)).values["verdict"] == INCONCLUSIVE
+        leak = dict(KIMI_NON_STREAM)
+        leak["choices"] = [{"message": {"content": "<|tool_calls_section_begin|>x"}, "finish_reason": "stop"}]
+        server.plain_body = json.dumps(leak).encode()
+        failed = await tool_canary(session, url, "m", settings)
+        assert failed.values["verdict"] == FAIL and "<|tool_calls_section_begin|>" in failed.values["leaks"]
+
+
+async def test_chat_reads_are_bounded(fake: tuple[FakeServer, str]) -> None:
+    """A stream larger than the cap is abandoned, not buffered."""
+    server, url = fake
+    server.stream_body = sse(*([delta({"content": "x" * 1000})] * 200))
+    async with aiohttp.ClientSession() as session:
+        result = await chat(session, f"{url}/v1/chat/completions", {"stream": True}, 5, max_bytes=10_000)
+    assert result.status is None and "larger than" in result.error
+
+
+async def test_monitor_schedules_canary_after_first_200(fake: tuple[FakeServer, str]) -> None:
+    """Health 200 starts the canary; the triage then opens the startup gate; the snapshot is JSON-ready."""
+    server, url = fake
+    settings = ProbeSettings(expected_tool_parser="kimi_k2", canary_timeout_s=5, health_timeout_s=5)
+    monitor = Monitor(
+        server="s",
+        role="unified",
+        base_url=url,
+        model="m",
+        settings=settings,
+        tree=lambda: TreeView(rank_cpu_s={"TP0": 1.0}),
+        gpu=None,
+        log_lines=lambda: [],
+        pids_for_stacks=dict,
+    )
+    loop = asyncio.get_running_loop()
+
+    def triaged(phase: str) -> Triage:
+        facts = ServerFacts("unified", phase, monitor.started_at, settings)
+        return triage(monitor.window(), TreeFacts(), facts, loop.time())
+
+    try:
+        deadline = loop.time() + 10
+        while loop.time() < deadline and not triaged("starting").serving:
+            await monitor.tick(loop.time())
+            await asyncio.sleep(0.02)
+        assert triaged("starting").serving
+        assert triaged("serving").fault is None
+        snap = json.loads(json.dumps(monitor.snapshot()))
+        assert {"health", "canary_tool", "config_check", "progress", "ranks", "logs"} <= set(snap["probes"])
+        assert server.requests.count("/health") == 1
+    finally:
+        await monitor.aclose()
+
+
+async def _drive_fake_time(monitor: Monitor, ticks: int, step_s: float) -> None:
+    """Tick the monitor with a synthetic clock `step_s` apart, letting its probe tasks finish between ticks."""
+    now = asyncio.get_running_loop().time()
+    for i in range(ticks):
+        await monitor.tick(now + i * step_s)
+        await asyncio.sleep(0.02)
+
+
+async def test_stream_canary_period_zero_means_off(fake: tuple[FakeServer, str]) -> None:
+    """Regression: `stream_canary_period_s = 0` ran the load canary back to back; now it never runs."""
+    server, url = fake
+    settings = ProbeSettings(
+        expected_tool_parser="kimi_k2", canary_period_s=5, stream_canary_period_s=0,
+        stream_canary_concurrency=4, canary_timeout_s=5, health_timeout_s=5,
+    )  # fmt: skip
+    monitor = Monitor(
+        server="s", role="unified", base_url=url, model="m", settings=settings,
+        tree=TreeView, gpu=None, log_lines=list, pids_for_stacks=dict,
+    )  # fmt: skip
+    try:
+        await _drive_fake_time(monitor, 40, 5.0)
+        probes = monitor.snapshot()["probes"]
+        assert probes["canary_tool"]["values"]["verdict"] == "pass"
+        assert "canary_stream" not in probes
+        assert server.requests.count("/v1/chat/completions") <= 2 * 41  # the tool canary's two, no more
+    finally:
+        await monitor.aclose()
+
+
+async def test_canary_mode_off_sends_no_canary(fake: tuple[FakeServer, str]) -> None:
+    """`canary_mode = "off"`: /health and /metrics only, never a chat completion."""
+    server, url = fake
+    settings = ProbeSettings(canary_mode="off", canary_period_s=5, health_timeout_s=5)
+    monitor = Monitor(
+        server="s", role="unified", base_url=url, model="m", settings=settings,
+        tree=TreeView, gpu=None, log_lines=list, pids_for_stacks=dict,
+    )  # fmt: skip
+    try:
+        await _drive_fake_time(monitor, 20, 5.0)
+        assert "/health" in server.requests
+        assert "/v1/chat/completions" not in server.requests
+    finally:
+        await monitor.aclose()

@@ -1,0 +1,10 @@
+"""The simulator's fault catalog."""
+
+from __future__ import annotations
+
+from simulator.faults import CATALOG
+
+
+def test_catalog_has_the_eighteen_scenarios() -> None:
+    """The catalog names exactly the 18 fault scenarios these tests cover."""
+    assert len(CATALOG) == 18
