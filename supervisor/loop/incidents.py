@@ -36,6 +36,7 @@ class IncidentBook:
         self.metrics = metrics
         self.alerts = alerts
         self.recent: deque[Incident] = deque(journal.load()[-KEEP:], maxlen=KEEP)
+        self.unwritable: dict[str, Incident] = {}  # what cannot be written (journal, state) -> its open alert
 
     def _store(self, incident: Incident) -> None:
         self.recent = deque([i for i in self.recent if i.id != incident.id], maxlen=KEEP)
@@ -44,6 +45,44 @@ class IncidentBook:
             self.journal.append(incident)
         except OSError as exc:
             log.error("journal.append_failed", error=str(exc), incident=incident.id)
+            self.write_failed("journal", exc, incident.detected_at)
+        else:
+            self.write_ok("journal", incident.detected_at)
+
+    def write_failed(self, what: str, exc: OSError, wall: float) -> None:
+        """A file of the state dir could not be written (full disk, permissions): counted, alerted once.
+
+        Supervision goes on (memory holds the state); the alert resolves when a write succeeds again.
+        """
+        self.metrics.write_failure(what)
+        if what in self.unwritable:
+            return
+        alert = self._new(
+            "supervisor",
+            wall,
+            "state_unwritable",
+            "alert",
+            f"cannot write the {what} in state_dir: {exc.strerror or exc}; supervision continues from memory",
+            {"file": what, "errno": exc.errno},
+            (),
+            0,
+            severity="page",
+        )
+        self.unwritable[what] = alert
+        self.recent.append(alert)
+        log.error("state.unwritable", what=what, error=str(exc))
+        self._fire(alert)
+
+    def write_ok(self, what: str, wall: float) -> None:
+        """A write succeeded: resolve the open unwritable alert of `what`, if any."""
+        alert = self.unwritable.pop(what, None)
+        if alert is None:
+            return
+        resolved = alert.resolve(wall, wall - alert.detected_at)
+        self._store(resolved)
+        log.info("state.writable", what=what)
+        if self.alerts is not None:
+            self.alerts.resolve(resolved)
 
     def _fire(self, incident: Incident) -> None:
         if self.alerts is not None:

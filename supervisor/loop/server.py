@@ -8,6 +8,7 @@ every change, and persists the record. Watching a launch is `supervisor.loop.wat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import random
 import uuid
@@ -59,11 +60,14 @@ class Services:
     group: GroupMember | None = None  # this host's seat in a multi-node group (`[group]`), if any
 
     def save_state(self) -> None:
-        """Persist state.json (a failure is logged, never raised into a loop)."""
+        """Persist state.json (a failure is logged and alerted, never raised into a loop)."""
         try:
             self.statefile.save()
         except OSError as exc:
             structlog.get_logger().error("state.save_failed", error=str(exc))
+            self.incidents.write_failed("state", exc, self.clock.wall())
+        else:
+            self.incidents.write_ok("state", self.clock.wall())
 
 
 class ServerLoop:
@@ -199,17 +203,43 @@ class ServerLoop:
         await recovery.reap_previous(self)
         await self.learn_flags()
         while not self.stopping:
-            if self.paused:
-                await self.wait_for_operator()
-                continue
-            outcome = await self.launch_and_watch()
-            if self.stopping:
-                break
-            if outcome.command is not None:
-                await recovery.planned_restart(self, outcome.command)
-            elif outcome.fault is not None:
-                await recovery.recover(self, outcome.fault, outcome.spawn_failed)
+            try:
+                await self.step()
+            except Exception as exc:  # a bug or a host error in one step must not end supervision
+                await self.step_failed(exc)
         await recovery.stop_for_good(self)
+
+    async def step(self) -> None:
+        """One round: wait while paused, or launch and watch, then act on why watching ended."""
+        if self.paused:
+            await self.wait_for_operator()
+            return
+        outcome = await self.launch_and_watch()
+        if self.stopping:
+            return
+        if outcome.command is not None:
+            await recovery.planned_restart(self, outcome.command)
+        elif outcome.fault is not None:
+            await recovery.recover(self, outcome.fault, outcome.spawn_failed)
+
+    async def step_failed(self, exc: Exception) -> None:
+        """An unexpected error in a step: kill what runs (never two trees), page, wait for an operator."""
+        self.log.exception("server.step_failed", error=repr(exc))
+        with contextlib.suppress(Exception):
+            await recovery.release_run(self, mode="kill")
+        self.transition(S.FAILED, f"internal error: {exc!r}; operator needed (see the daemon log)")
+        self.svc.incidents.notice(
+            self.name,
+            self.clock.wall(),
+            "internal_error",
+            "failed",
+            f"internal error: {exc!r}",
+            {"error": repr(exc)},
+            self.argv,
+            self.rung,
+            severity="page",
+        )
+        await self.wait_for_operator()
 
     async def launch(self) -> SpawnFailed | None:
         """Start the server in a new session with a fresh run id; the failure when it cannot start."""

@@ -109,6 +109,14 @@ class SupervisorMetrics:
             buckets=_SERVING_BUCKETS,
             registry=reg,
         )
+        self._write_failures = Counter(
+            _PREFIX + "state_write_failures",
+            "Writes of state_dir files (journal, state) that failed: full disk, permissions.",
+            ["file"],
+            registry=reg,
+        )
+        for what in ("journal", "state"):
+            self._write_failures.labels(file=what)
         self._unproven = Gauge(
             _PREFIX + "canary_unproven",
             "1 while a server serves without a passing canary (inconclusive canaries with /health 200).",
@@ -228,6 +236,10 @@ class SupervisorMetrics:
     def observe_startup(self, server: str, seconds: float) -> None:
         """Record how long one launch of `server` took to serve."""
         self._startup.labels(server=server).observe(seconds)
+
+    def write_failure(self, what: str) -> None:
+        """Count a failed write of a state_dir file (`journal` or `state`)."""
+        self._write_failures.labels(file=_check("file", what, ("journal", "state"))).inc()
 
     def set_unproven(self, server: str, unproven: bool) -> None:
         """Publish whether `server` serves without a passing canary."""

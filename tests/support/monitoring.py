@@ -25,6 +25,7 @@ EXPECTED_ALERTS = {
     "SglangServerDegraded",
     "SglangGpuFault",
     "SglangCanaryUnproven",
+    "SglangSupervisorStateUnwritable",
     "SglangSupervisorAlertDeliveryFailing",
     "SglangGroupStuckInBarrier",
     "SglangGroupEtcdUnreachable",

@@ -318,3 +318,47 @@ async def test_slow_retry_relaunches_a_failed_server_after_slow_retry_s(tmp_path
         failed_at = clock.monotonic()
         await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
         assert clock.monotonic() - failed_at >= 1800 * 0.99
+
+
+async def test_an_unexpected_error_in_a_step_fails_the_server_and_pages(tmp_path: Path) -> None:
+    """A bug or host error inside a step kills what runs, pages `internal_error`, and the loop keeps beating."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+
+    async def broken(*args: object, **kw: object) -> str:
+        raise RuntimeError("py-spy exploded")
+
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        host.forensics = broken  # type: ignore[method-assign]
+        host.run.exit_code = 1
+        await until(lambda: loop.state is S.FAILED)
+        assert "internal error" in loop.reason
+        assert incidents(d, "internal_error")[0]["severity"] == "page"
+        assert host.releases and len(host.runs) == 1
+        beat = loop.last_beat
+        clock.t += 10
+        await until(lambda: loop.last_beat > beat)
+
+
+async def test_an_unwritable_state_dir_is_alerted_once_and_resolved(tmp_path: Path) -> None:
+    """A full disk under state_dir: supervision goes on, one `state_unwritable` alert, resolved on recovery."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    journal = d.svc.incidents.journal
+    real_append = journal.append
+
+    def full(incident: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    journal.append = full  # type: ignore[method-assign]
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        host.run.exit_code = 1
+        await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
+        alerts = incidents(d, "state_unwritable")
+        assert len(alerts) == 1 and alerts[0]["recovered_at"] is None
+        assert metric(d, 'sglang_supervisor_state_write_failures_total{file="journal"}') >= 2
+        journal.append = real_append  # type: ignore[method-assign]
+        host.run.exit_code = 1
+        await until(lambda: incidents(d, "state_unwritable")[-1]["recovered_at"] is not None)
