@@ -16,7 +16,7 @@ from policies.flagcompat import FlagSet
 from policies.model import Observation, ProbeSettings, TreeView
 from probes.monitor import Monitor
 from supervisor.config import ServerConfig, SupervisorConfig
-from supervisor.host import forensics, launcher, proctree
+from supervisor.host import forensics, launcher, preflight, proctree
 from supervisor.host.flaghelp import HelpUnavailable, target_flags
 from supervisor.host.gpu import GpuBackend
 from supervisor.host.launcher import SpawnFailed
@@ -94,6 +94,8 @@ class Host(Protocol):
 
     async def find_marked(self, marker: str) -> list[ProcId]: ...
 
+    async def foreign_port_holders(self, cfg: ServerConfig) -> list[str]: ...
+
     async def release(
         self,
         cfg: ServerConfig,
@@ -146,6 +148,11 @@ class RealHost:
     async def find_marked(self, marker: str) -> list[ProcId]:
         """Processes carrying this server's marker (an earlier run's leftovers)."""
         return await asyncio.to_thread(proctree.find_marked, None, marker)
+
+    async def foreign_port_holders(self, cfg: ServerConfig) -> list[str]:
+        """Processes that are not ours holding the server's ports, described for the status."""
+        held = await asyncio.to_thread(preflight.foreign_port_holders, cfg)
+        return [h.describe() for h in held]
 
     async def release(
         self,

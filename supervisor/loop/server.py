@@ -264,6 +264,11 @@ class ServerLoop:
     async def launch_and_watch(self) -> Outcome:
         """Launch, then watch through startup and serving until a fault or a command."""
         self.transition(S.STARTING, "launching")
+        held = await self.svc.host.foreign_port_holders(self.cfg)
+        if held:
+            return recovery.spawn_failure(
+                self, SpawnFailed(f"a port is held by a process that is not ours: {'; '.join(held)}")
+            )
         failed = await self.launch()
         if failed is not None:
             return recovery.spawn_failure(self, failed)

@@ -114,6 +114,7 @@ class FakeHost:
     spawn_error: str = ""
     release_ok: bool = True
     leftovers: list[ProcId] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
     runs: list[FakeRun] = field(default_factory=list)
     monitors: list[FakeMonitor] = field(default_factory=list)
     releases: list[dict[str, Any]] = field(default_factory=list)
@@ -162,6 +163,9 @@ class FakeHost:
 
     async def find_marked(self, marker: str) -> list[ProcId]:
         return list(self.leftovers)
+
+    async def foreign_port_holders(self, cfg: Any) -> list[str]:
+        return list(self.foreign)
 
     async def release(self, cfg: Any, sup: Any, **kw: Any) -> ReleaseReport:
         self.releases.append(kw)

@@ -362,3 +362,16 @@ async def test_an_unwritable_state_dir_is_alerted_once_and_resolved(tmp_path: Pa
         journal.append = real_append  # type: ignore[method-assign]
         host.run.exit_code = 1
         await until(lambda: incidents(d, "state_unwritable")[-1]["recovered_at"] is not None)
+
+
+async def test_a_port_held_by_a_foreign_process_is_named_before_any_launch(tmp_path: Path) -> None:
+    """A foreign holder of the server's port: nothing launched, `failed` naming it, a restart relaunches."""
+    host, clock = FakeHost(foreign=["pid 4242 (nginx) listens on 127.0.0.1:31999"]), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.FAILED)
+        assert host.runs == []
+        assert "nginx" in loop.reason and "nginx" in str(incidents(d, "startup_failure")[0]["reason"])
+        host.foreign = []
+        loop.commands.put_nowait(Command("restart", "port freed", "dave"))
+        await until(lambda: loop.state is S.SERVING)
