@@ -88,9 +88,7 @@ async def recover(loop: ServerLoop, fault: Fault, spawn_failed: str = "") -> Non
     """Incident, forensics, kill, release, verify, then backoff and relaunch — or failed."""
     now = loop.clock.monotonic()
     if spawn_failed:
-        chosen = Plan(
-            "fail", "operator needed: fix the command or its environment", levels=loop.record.levels
-        )
+        chosen = Plan("fail", f"{spawn_failed}; operator needed", levels=loop.record.levels)
     else:
         decided = plan(fault, plan_facts(loop), now)
         if decided.streak_over:
