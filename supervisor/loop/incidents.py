@@ -225,6 +225,21 @@ class IncidentBook:
         log.info("control.action", server=server, action=action, actor=actor, reason=reason)
         return incident
 
+    def interrupted(self, incident_id: str, wall: float) -> Incident | None:
+        """The daemon died while recovering from `incident_id`: mark it interrupted (journaled) and return it,
+        so the recovery that follows completes it; None when it is not in the journal's recent entries."""
+        found = next((i for i in reversed(self.recent) if i.id == incident_id), None)
+        if found is None or found.recovered_at is not None:
+            return None
+        marked = replace(
+            found,
+            reason=f"{found.reason}; the daemon restarted mid-recovery",
+            evidence={**found.evidence, "interrupted_at": wall},
+        )
+        self._store(marked)
+        log.warning("recovery.interrupted", server=found.server, incident=found.id)
+        return marked
+
     def last(self, server: str) -> Incident | None:
         """The newest incident of a server."""
         for incident in reversed(self.recent):

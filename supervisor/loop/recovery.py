@@ -101,14 +101,17 @@ async def recover(loop: ServerLoop, fault: Fault, spawn_failed: str = "") -> Non
     loop.open_incident, loop.detected_mono = incident, now
     if chosen.action == "alert":
         return
+    # the chosen rung is on disk before any step that a daemon death could interrupt
+    if chosen.ladder_key is not None:
+        loop.record.history.append([chosen.ladder_key, chosen.rung])
+    loop.record.levels = dict(chosen.levels)
+    loop.record.open_incident = incident.id
+    loop.svc.metrics.set_rung(loop.name, loop.rung)
+    loop.svc.save_state()
     loop.transition(S.RECOVERING, f"{fault.kind}: {fault.reason}")
     forensics = await _forensics(loop, incident) if loop.run is not None else ""
     report = await release_run(loop, mode="kill")
     loop.svc.metrics.observe_gpu_release(loop.name, report.steps.get("total", 0.0))
-    if chosen.ladder_key is not None:
-        loop.record.history.append([chosen.ladder_key, chosen.rung])
-    loop.record.levels = dict(chosen.levels)
-    loop.svc.metrics.set_rung(loop.name, loop.rung)
     _, diff = build_argv(loop.cfg.args, loop.record.levels, loop.ladders)
     key = chosen.ladder_key
     incident = replace(
@@ -127,9 +130,8 @@ async def recover(loop: ServerLoop, fault: Fault, spawn_failed: str = "") -> Non
     loop.svc.incidents.update(incident)
     loop.svc.save_state()
     if not report.ok:
-        loop.transition(S.FAILED, f"release failed: {report.reason}")
         loop.open_incident = loop.svc.incidents.page(incident, f"release failed: {report.reason}")
-        await loop.wait_for_operator()
+        await until_released(loop, report)
         return
     if chosen.action == "fail":
         loop.transition(S.FAILED, chosen.reason)
@@ -144,6 +146,17 @@ async def recover(loop: ServerLoop, fault: Fault, spawn_failed: str = "") -> Non
     loop.restart_count += 1
     loop.transition(S.BACKOFF, f"relaunch in {chosen.delay_s:.1f}s: {chosen.reason}")
     await loop.sleep_interruptible(chosen.delay_s)
+
+
+async def until_released(loop: ServerLoop, report: ReleaseReport) -> None:
+    """A tree that would not die (a rank in D state, a GPU held): `failed` until an operator acts, and then the
+    release is verified again — nothing is launched onto GPUs that are not verified free."""
+    while not report.ok and not loop.stopping:
+        loop.transition(S.FAILED, f"release failed: {report.reason}")
+        await loop.wait_for_operator()
+        if loop.stopping:
+            return
+        report = await release_run(loop, mode="kill", any_run_of=loop.marker, main_pid=None, pgid=None)
 
 
 async def _forensics(loop: ServerLoop, incident: Incident) -> str:

@@ -200,6 +200,7 @@ class ServerLoop:
         if self.svc.group is not None and group is not None and group.server == self.name:
             await run_grouped(self, self.svc.group)  # the group decides every stop and launch
             return
+        self.adopt_interrupted()
         await recovery.reap_previous(self)
         await self.learn_flags()
         while not self.stopping:
@@ -274,6 +275,16 @@ class ServerLoop:
             return recovery.spawn_failure(self, failed)
         return await self.watch.run()
 
+    def adopt_interrupted(self) -> None:
+        """A recovery a dead daemon left unfinished: journaled as interrupted, completed by this daemon's launch."""
+        if not self.record.open_incident:
+            return
+        incident = self.svc.incidents.interrupted(self.record.open_incident, self.clock.wall())
+        if incident is not None:
+            age = max(0.0, self.clock.wall() - incident.detected_at)
+            self.open_incident, self.detected_mono = incident, self.clock.monotonic() - age
+        self.record.open_incident = ""
+
     def became_serving(self, unproven: str) -> None:
         """Startup proven (or serving unproven): serving; resolve the open incident; PD follow-ups."""
         now = self.clock.monotonic()
@@ -287,6 +298,8 @@ class ServerLoop:
             self.svc.metrics.observe_time_to_serving(self.name, now - since)
             self.svc.incidents.resolve(incident, self.clock.wall(), now - since)
             self.open_incident, self.detected_mono = None, None
+            self.record.open_incident = ""
+            self.svc.save_state()
         if self.cfg.role is Role.PREFILL and self.launch_count > 1:
             self.restart_followers()
 

@@ -28,6 +28,7 @@ class ServerRecord:
     history: list[list[Any]] = field(default_factory=list)  # [ladder key, rung] of past incidents
     state: str = "stopped"
     group_generation: int = 0  # the group generation this server last launched (multi-node groups)
+    open_incident: str = ""  # the incident a recovery is under way for ("" once serving again)
 
 
 @dataclass

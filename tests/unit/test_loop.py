@@ -12,6 +12,7 @@ import pytest
 from policies.model import Observation
 from policies.states import ServerState
 from supervisor.daemon import Daemon
+from supervisor.host.proctree import ProcId
 from supervisor.loop.commands import Command
 from supervisor.loop.server import ServerLoop
 from tests.unit.loop_fakes import FakeClock, FakeHost, daemon, healthy, until
@@ -375,3 +376,66 @@ async def test_a_port_held_by_a_foreign_process_is_named_before_any_launch(tmp_p
         host.foreign = []
         loop.commands.put_nowait(Command("restart", "port freed", "dave"))
         await until(lambda: loop.state is S.SERVING)
+
+
+async def test_a_process_that_will_not_die_keeps_the_server_failed_and_its_gpus_unused(
+    tmp_path: Path,
+) -> None:
+    """D state at the host boundary: release fails → failed, paged; a restart re-verifies; no launch until free."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        host.release_ok = False  # a rank in D state survives SIGKILL and keeps /dev/nvidia0 open
+        host.run.exit_code = 1
+        await until(lambda: loop.state is S.FAILED)
+        assert incidents(d, "crash")[0]["severity"] == "page"
+        loop.commands.put_nowait(Command("restart", "try again", "erin"))
+        await until(lambda: len(host.releases) == 2)
+        await until(lambda: loop.state is S.FAILED)
+        assert len(host.runs) == 1, "never relaunched onto GPUs that are not verified free"
+        host.release_ok = True
+        loop.commands.put_nowait(Command("restart", "the rank is gone now", "erin"))
+        await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
+
+
+async def test_a_daemon_killed_mid_recovery_leaves_one_tree_the_rung_and_a_completed_incident(
+    tmp_path: Path,
+) -> None:
+    """Our own death during forensics: the next daemon reaps by marker, keeps the rung, completes the incident."""
+    stuck = asyncio.Event()
+
+    async def hang(*args: object, **kw: object) -> str:
+        stuck.set()
+        await asyncio.Event().wait()
+        return ""
+
+    host, clock = FakeHost(), FakeClock()
+    first = daemon(
+        tmp_path, host, clock, server="[servers.policy]\nladders = { crash = [['add --disable-cuda-graph']] }"
+    )
+    loop = first.loops[0]
+    task = asyncio.create_task(loop.run_forever())
+    await until(lambda: loop.state is S.SERVING)
+    host.run.lost.add("sglang::scheduler_TP0")  # the first crash relaunches as is
+    await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
+    host.forensics = hang  # type: ignore[method-assign]
+    host.run.lost.add("sglang::scheduler_TP0")  # the second goes one rung down, then we die
+    await until(stuck.is_set)
+    task.cancel()  # SIGKILL: nothing after this point runs
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    leftover = host.run
+    again = FakeHost(leftovers=[ProcId(leftover.pid, 1.0)])
+    second = daemon(
+        tmp_path,
+        again,
+        clock,
+        server="[servers.policy]\nladders = { crash = [['add --disable-cuda-graph']] }",
+    )
+    async with running(second) as loop2:
+        await until(lambda: loop2.state is S.SERVING)
+    assert len(again.runs) == 1 and again.releases[0]["any_run_of"] == loop2.marker
+    assert "--disable-cuda-graph" in again.runs[0].argv
+    crash = [i for i in incidents(second, "crash") if "mid-recovery" in str(i["reason"])]
+    assert crash and crash[-1]["recovered_at"] is not None
