@@ -27,7 +27,8 @@ from supervisor.loop.clock import Clock, SystemClock
 from supervisor.loop.commands import Command
 from supervisor.loop.host import Host, RealHost
 from supervisor.loop.incidents import IncidentBook
-from supervisor.loop.server import ServerLoop, Services
+from supervisor.loop.server import ServerLoop
+from supervisor.loop.services import Services
 from supervisor.records.journal import IncidentJournal
 from supervisor.records.statefile import StateFile
 from supervisor.redaction import register_config, secret_file_warnings

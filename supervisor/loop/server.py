@@ -12,8 +12,6 @@ import contextlib
 import hashlib
 import random
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,48 +24,19 @@ from policies.parsers_table import ExpectedParsers
 from policies.pd import Role, restart_order
 from policies.plan import PARSER_KEY, build_argv, parser_ladder
 from policies.states import ServerState, check_transition, resume_target
-from supervisor.config import Config, ServerConfig
-from supervisor.group.member import GroupMember
+from supervisor.config import ServerConfig
 from supervisor.host.flaghelp import HelpUnavailable
 from supervisor.host.launcher import SpawnFailed
 from supervisor.loop import recovery
-from supervisor.loop.clock import Clock
 from supervisor.loop.commands import Command, Outcome
 from supervisor.loop.grouped import run_grouped
-from supervisor.loop.host import Host, RunHandle
-from supervisor.loop.incidents import IncidentBook
+from supervisor.loop.host import RunHandle
+from supervisor.loop.services import Services
 from supervisor.loop.watch import Watch
 from supervisor.records.incident import Incident
-from supervisor.records.statefile import StateFile
-from supervisor.reporting.metrics import SupervisorMetrics
 
 S = ServerState
 WAIT_POLL_S = 0.5
-
-
-@dataclass
-class Services:
-    """What every server loop shares; the daemon owns it (`config` is swapped on reload)."""
-
-    config: Config
-    statefile: StateFile
-    metrics: SupervisorMetrics
-    incidents: IncidentBook
-    host: Host
-    clock: Clock
-    on_state_change: Callable[[], None] = lambda: None
-    loops: dict[str, ServerLoop] = field(default_factory=dict)
-    group: GroupMember | None = None  # this host's seat in a multi-node group (`[group]`), if any
-
-    def save_state(self) -> None:
-        """Persist state.json (a failure is logged and alerted, never raised into a loop)."""
-        try:
-            self.statefile.save()
-        except OSError as exc:
-            structlog.get_logger().error("state.save_failed", error=str(exc))
-            self.incidents.write_failed("state", exc, self.clock.wall())
-        else:
-            self.incidents.write_ok("state", self.clock.wall())
 
 
 class ServerLoop:

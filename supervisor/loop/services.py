@@ -1,0 +1,45 @@
+"""What every server loop shares: config, state file, metrics, incidents, the host and the clock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import structlog
+
+from supervisor.config import Config
+from supervisor.loop.clock import Clock
+from supervisor.loop.host import Host
+from supervisor.loop.incidents import IncidentBook
+from supervisor.records.statefile import StateFile
+from supervisor.reporting.metrics import SupervisorMetrics
+
+if TYPE_CHECKING:
+    from supervisor.group.member import GroupMember
+    from supervisor.loop.server import ServerLoop
+
+
+@dataclass
+class Services:
+    """What every server loop shares; the daemon owns it (`config` is swapped on reload)."""
+
+    config: Config
+    statefile: StateFile
+    metrics: SupervisorMetrics
+    incidents: IncidentBook
+    host: Host
+    clock: Clock
+    on_state_change: Callable[[], None] = lambda: None
+    loops: dict[str, ServerLoop] = field(default_factory=dict)
+    group: GroupMember | None = None  # this host's seat in a multi-node group (`[group]`), if any
+
+    def save_state(self) -> None:
+        """Persist state.json (a failure is logged and alerted, never raised into a loop)."""
+        try:
+            self.statefile.save()
+        except OSError as exc:
+            structlog.get_logger().error("state.save_failed", error=str(exc))
+            self.incidents.write_failed("state", exc, self.clock.wall())
+        else:
+            self.incidents.write_ok("state", self.clock.wall())
