@@ -4,8 +4,13 @@ deciding what the window means is `policies.triage`.
 `tick(now)` never blocks for long: HTTP probes and py-spy run as tasks, at most one in flight per kind, and their
 observations are collected on a later tick. Cheap local probes (logs, ranks, GPU) run inline at most once a
 second. With the default settings the HTTP probes send about 0.3 requests/s on average (/health every 10 s,
-/metrics every 5 s, two chat completions and /server_info every 5 min, `stream_canary_concurrency` streams every
-30 min).
+/metrics every 5 s, two chat completions and /server_info every 5 min, `stream_canary_concurrency` streams
+`stream_canary_first_s` after serving and then every 30 min).
+
+Suspicion speeds the probes up: until the first 200 `/health` is probed every `STARTUP_HEALTH_PERIOD_S`; while
+work is in flight and the last scrape saw no counter move, `/metrics` is scraped every `SUSPECT_SCRAPE_S`; rank
+stacks are dumped once at each of `STACKS_AT` (fractions of `stall_after_s`) of a stall episode, so the strong
+evidence of `policies.diagnose` is there when its early threshold comes.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 
 import aiohttp
 
+from policies.diagnose import STRONG_STALL_FRACTION
 from policies.leaks import INCONCLUSIVE, PASS
 from policies.model import Observation, ProbeSettings, TreeView
 from probes.canary import config_check, reasoning_canary, tool_canary
@@ -32,7 +38,9 @@ from probes.stream_canary import stream_canary
 
 LOCAL_PERIOD_S = 1.0
 CANARY_RETRY_S = 15.0
-STARTUP_HEALTH_PERIOD_S = 2.0
+STARTUP_HEALTH_PERIOD_S = 0.5
+SUSPECT_SCRAPE_S = 1.0
+STACKS_AT = (STRONG_STALL_FRACTION * 0.8, 0.5)  # the first dump lands just before the early threshold
 
 
 class Monitor:
@@ -77,7 +85,7 @@ class Monitor:
         self._healthy_seen = False  # /health answered 200 in this launch (probe it at its own period then)
         self._pending: list[Observation] = []  # recorded by a running task, returned by the next tick
         self._cpu: dict[str, float] = {}
-        self._stacks_for: float | None = None
+        self._stacks_done: set[tuple[float, float]] = set()  # (episode, fraction) dumped
         self._gpu_busy_at: float | None = None
         self._logs.reset(now)
         self._progress.reset(now)
@@ -180,9 +188,11 @@ class Monitor:
             obs = dataclasses.replace(obs, values={**obs.values, "soft_fail": soft})
             if verdict == PASS and "canary_stream" not in self._armed and s.stream_canary_on:
                 self._armed.add("canary_stream")
-                self._due["canary_stream"] = now + min(s.stream_canary_period_s, s.canary_period_s)
+                self._due["canary_stream"] = now + min(s.stream_canary_period_s, s.stream_canary_first_s)
         if kind == "canary_stream" and s.stream_canary_on:
             self._due["canary_stream"] = now + s.stream_canary_period_s
+        if kind == "progress" and obs.values.get("work") and not obs.values.get("moved"):
+            self._due["progress"] = min(self._due.get("progress", now), now + SUSPECT_SCRAPE_S)
         return obs
 
     def _local(self, now: float) -> list[Observation]:
@@ -231,9 +241,13 @@ class Monitor:
         progress = self._latest.get("progress")
         stalled = float(progress.values.get("stalled_s", 0.0)) if progress else 0.0
         episode = self._progress.work_since
-        suspicious = stalled >= s.stall_after_s / 2 and episode is not None
-        if suspicious and self._stacks_for != episode and "stacks" not in self._tasks:
-            self._stacks_for = episode
+        if episode is None or "stacks" in self._tasks:
+            return
+        due = [
+            f for f in STACKS_AT if stalled >= s.stall_after_s * f and (episode, f) not in self._stacks_done
+        ]
+        if due:
+            self._stacks_done.update((episode, f) for f in due)
             pids = self._safe(self._pids, {})
             self._tasks["stacks"] = asyncio.ensure_future(probe_stacks(pids, s.stacks_budget_s))
 
