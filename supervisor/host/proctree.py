@@ -3,6 +3,11 @@
 Every process the launcher starts carries ``SGLSUP_RUN_ID=<run>`` and ``SGLSUP_SERVER=<server>`` in its
 environment; children inherit it, so a rank that was re-parented to PID 1 or called ``setsid`` is still
 found by reading ``/proc/<pid>/environ``. Nothing here signals anything.
+
+Finding descendants and marked processes reads every process on the host, so a snapshot does it at most every
+``FULL_SCAN_S``: in between, while every expected rank still shows its title at the PID last seen, only those
+PIDs and the main process are read. Any rank not found at its PID forces a full scan at once, so a loss is
+reported as soon as without this shortcut.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ _TITLE_LIMIT = 4096
 _EXTRA_PARTS = re.compile(r"_(?:ATTN_CP|MOE_DP|EP)\d+")
 # Never signalled, never counted as a holder: NVIDIA's daemons. A trailing "*" matches a prefix.
 DEFAULT_ALLOWLIST: tuple[str, ...] = ("nvidia-persistenced", "nv-hostengine", "dcgm*")
+FULL_SCAN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class TreeSnapshot:
     ranks: tuple[RankState, ...]
     descendants: tuple[ProcId, ...]
     marked: tuple[ProcId, ...]
+    scanned_at: float = 0.0  # monotonic: the last full scan of the host's processes
 
     @property
     def lost_ranks(self) -> tuple[RankState, ...]:
@@ -235,6 +242,9 @@ def snapshot(
 
     A zombie shows no title any more; ``previous`` lets a rank seen before be reported as a zombie.
     """
+    quick = _quick_snapshot(main_pid, expected_titles, previous)
+    if quick is not None:
+        return quick
     desc = descendants(main_pid)
     marked = find_marked(run_id=run_id) if run_id else []
     by_title = _index_titles({p.pid for p in desc} | {p.pid for p in marked})
@@ -243,13 +253,45 @@ def snapshot(
         _rank_state(title, by_title.get(_canonical_title(title)), known.get(title))
         for title in expected_titles
     )
+    now = time.monotonic()
     return TreeSnapshot(
-        taken_at=time.monotonic(),
+        taken_at=now,
         main_pid=main_pid,
         main_alive=is_alive(main_pid),
         ranks=ranks,
         descendants=tuple(desc),
         marked=tuple(marked),
+        scanned_at=now,
+    )
+
+
+def _quick_snapshot(
+    main_pid: int, expected_titles: Sequence[str], previous: TreeSnapshot | None
+) -> TreeSnapshot | None:
+    """The snapshot from the PIDs seen last time, or None when a full scan is due (see the module doc)."""
+    now = time.monotonic()
+    if previous is None or previous.main_pid != main_pid or now - previous.scanned_at >= FULL_SCAN_S:
+        return None
+    known = {r.title: r.pid for r in previous.ranks if r.status == "running" and r.pid is not None}
+    ranks = []
+    for title in expected_titles:
+        pid = known.get(title)
+        if pid is None or _canonical_title(process_title(pid)) != _canonical_title(title):
+            return None
+        rank = _rank_state(title, pid, pid)
+        if rank.status != "running":
+            return None
+        ranks.append(rank)
+    if not is_alive(main_pid):
+        return None
+    return TreeSnapshot(
+        taken_at=now,
+        main_pid=main_pid,
+        main_alive=True,
+        ranks=tuple(ranks),
+        descendants=previous.descendants,  # as of the last full scan; the reaper rechecks each one
+        marked=previous.marked,
+        scanned_at=previous.scanned_at,
     )
 
 
