@@ -8,7 +8,8 @@ second. With the default settings the HTTP probes send about 0.3 requests/s on a
 `stream_canary_first_s` after serving and then every 30 min).
 
 Suspicion speeds the probes up: until the first 200 `/health` is probed every `STARTUP_HEALTH_PERIOD_S`; while
-work is in flight and the last scrape saw no counter move, `/metrics` is scraped every `SUSPECT_SCRAPE_S`; rank
+work is in flight `/metrics` is scraped every `BUSY_SCRAPE_S` (the time of the last counter move is known to
+that precision), and every `SUSPECT_SCRAPE_S` once a scrape with work in flight saw no counter move; rank
 stacks are dumped once at each of `STACKS_AT` (fractions of `stall_after_s`) of a stall episode, so the strong
 evidence of `policies.diagnose` is there when its early threshold comes.
 """
@@ -39,6 +40,7 @@ from probes.stream_canary import stream_canary
 LOCAL_PERIOD_S = 1.0
 CANARY_RETRY_S = 15.0
 STARTUP_HEALTH_PERIOD_S = 0.5
+BUSY_SCRAPE_S = 2.0
 SUSPECT_SCRAPE_S = 1.0
 STACKS_AT = (STRONG_STALL_FRACTION * 0.8, 0.5)  # the first dump lands just before the early threshold
 
@@ -191,8 +193,9 @@ class Monitor:
                 self._due["canary_stream"] = now + min(s.stream_canary_period_s, s.stream_canary_first_s)
         if kind == "canary_stream" and s.stream_canary_on:
             self._due["canary_stream"] = now + s.stream_canary_period_s
-        if kind == "progress" and obs.values.get("work") and not obs.values.get("moved"):
-            self._due["progress"] = min(self._due.get("progress", now), now + SUSPECT_SCRAPE_S)
+        if kind == "progress" and obs.values.get("work"):
+            period = BUSY_SCRAPE_S if obs.values.get("moved") else SUSPECT_SCRAPE_S
+            self._due["progress"] = min(self._due.get("progress", now), now + period)
         return obs
 
     def _local(self, now: float) -> list[Observation]:

@@ -7,7 +7,7 @@ found by reading ``/proc/<pid>/environ``. Nothing here signals anything.
 Finding descendants and marked processes reads every process on the host, so a snapshot does it at most every
 ``FULL_SCAN_S``: in between, while every expected rank still shows its title at the PID last seen, only those
 PIDs and the main process are read. Any rank not found at its PID forces a full scan at once, so a loss is
-reported as soon as without this shortcut.
+reported as soon as without this shortcut (the reaper rescans the host itself before it acts).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _TITLE_LIMIT = 4096
 _EXTRA_PARTS = re.compile(r"_(?:ATTN_CP|MOE_DP|EP)\d+")
 # Never signalled, never counted as a holder: NVIDIA's daemons. A trailing "*" matches a prefix.
 DEFAULT_ALLOWLIST: tuple[str, ...] = ("nvidia-persistenced", "nv-hostengine", "dcgm*")
-FULL_SCAN_S = 5.0
+FULL_SCAN_S = 30.0
 
 
 @dataclass(frozen=True)
