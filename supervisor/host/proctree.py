@@ -6,7 +6,8 @@ found by reading ``/proc/<pid>/environ``. Nothing here signals anything.
 
 Finding descendants and marked processes reads every process on the host, so a snapshot does it at most every
 ``FULL_SCAN_S``: in between, while every expected rank still shows its title at the PID last seen, only those
-PIDs and the main process are read. Any rank not found at its PID forces a full scan at once, so a loss is
+PIDs and the main process are read (``/proc/<pid>/stat`` each: state, CPU time, start time — a PID whose start
+time changed is another process). Any rank not found at its PID forces a full scan at once, so a loss is
 reported as soon as without this shortcut (the reaper rescans the host itself before it acts).
 """
 
@@ -31,6 +32,7 @@ _EXTRA_PARTS = re.compile(r"_(?:ATTN_CP|MOE_DP|EP)\d+")
 # Never signalled, never counted as a holder: NVIDIA's daemons. A trailing "*" matches a prefix.
 DEFAULT_ALLOWLIST: tuple[str, ...] = ("nvidia-persistenced", "nv-hostengine", "dcgm*")
 FULL_SCAN_S = 30.0
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class RankState:
     pid: int | None
     status: str  # "running" | "zombie" | "missing"
     cpu_time_s: float | None
+    start_ticks: int | None = None  # the process's start time in clock ticks since boot (its identity)
 
 
 @dataclass(frozen=True)
@@ -272,17 +275,16 @@ def _quick_snapshot(
     now = time.monotonic()
     if previous is None or previous.main_pid != main_pid or now - previous.scanned_at >= FULL_SCAN_S:
         return None
-    known = {r.title: r.pid for r in previous.ranks if r.status == "running" and r.pid is not None}
+    known = {r.title: r for r in previous.ranks if r.status == "running" and r.pid is not None}
     ranks = []
     for title in expected_titles:
-        pid = known.get(title)
-        if pid is None or _canonical_title(process_title(pid)) != _canonical_title(title):
+        seen = known.get(title)
+        stat = _stat(seen.pid) if seen is not None and seen.pid is not None else None
+        if seen is None or stat is None or stat[0] == "Z" or stat[2] != seen.start_ticks:
             return None
-        rank = _rank_state(title, pid, pid)
-        if rank.status != "running":
-            return None
-        ranks.append(rank)
-    if not is_alive(main_pid):
+        ranks.append(RankState(title, seen.pid, "running", stat[1], stat[2]))
+    main = _stat(main_pid)
+    if main is None or main[0] == "Z":
         return None
     return TreeSnapshot(
         taken_at=now,
@@ -315,16 +317,29 @@ def poll_tree(
     return current, changes(previous, current)
 
 
+def _stat(pid: int) -> tuple[str, float, int] | None:
+    """(state letter, user + system CPU seconds, start time in ticks) from ``/proc/<pid>/stat``; None if gone."""
+    try:
+        with open(_PROC / str(pid) / "stat", "rb") as fh:
+            raw = fh.read(_TITLE_LIMIT)
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2 :].split()  # after "pid (comm) ": the comm may hold spaces
+    try:
+        return fields[0].decode(), (int(fields[11]) + int(fields[12])) / _CLK_TCK, int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
 def _rank_state(title: str, pid: int | None, known_pid: int | None) -> RankState:
     if pid is None:
         if known_pid is not None and _is_zombie(known_pid):
             return RankState(title, known_pid, "zombie", None)
         return RankState(title, None, "missing", None)
-    try:
-        times = psutil.Process(pid).cpu_times()
-    except psutil.Error:
+    stat = _stat(pid)
+    if stat is None:
         return RankState(title, None, "missing", None)
-    return RankState(title, pid, "running", times.user + times.system)
+    return RankState(title, pid, "running", stat[1], stat[2])
 
 
 def _is_zombie(pid: int) -> bool:
