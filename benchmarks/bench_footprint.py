@@ -1,9 +1,10 @@
 """The daemon's own cost: CPU, RSS and loop lag while it supervises serving simulated servers.
 
 Two hosts: one tp-8 server, and eight tp-1 servers (a host of eight single-GPU servers) in one daemon. Once every
-server serves, the daemon process is sampled every second for the window (CPU % of one core, RSS) while
-`/healthz` of its status server is fetched every 100 ms: the status server runs on the daemon's event loop,
-so the fetch's latency above its idle floor is the loop's lag (p50, p99, max).
+server serves, the daemon process is sampled every second for the window (CPU % of one core, RSS), untouched;
+then, for a second window, `/healthz` of its status server is fetched every 100 ms: the status server runs on
+the daemon's event loop, so the fetch's latency above its floor is the loop's lag (p50, p99, max). The fetches
+cost the daemon CPU themselves, which is why the CPU window comes first and without them.
 
 Run: ``.venv/bin/python -m benchmarks.bench_footprint [--quick]``.
 """
@@ -77,10 +78,6 @@ def measure(servers: int, window_s: float) -> dict[str, Any]:
             time.sleep(0.5)
         proc = psutil.Process(daemon.pid)
         proc.cpu_percent(None)
-        lags: list[float] = []
-        stop = threading.Event()
-        poller = threading.Thread(target=_lag, args=(dep.url, stop, lags), daemon=True)
-        poller.start()
         cpu: list[float] = []
         rss: list[float] = []
         t0 = time.monotonic()
@@ -88,6 +85,11 @@ def measure(servers: int, window_s: float) -> dict[str, Any]:
             time.sleep(1.0)  # the sampling period
             cpu.append(proc.cpu_percent(None))
             rss.append(proc.memory_info().rss / 2**20)
+        lags: list[float] = []
+        stop = threading.Event()
+        poller = threading.Thread(target=_lag, args=(dep.url, stop, lags), daemon=True)
+        poller.start()
+        time.sleep(window_s)  # the lag window itself
         stop.set()
         poller.join(timeout=15)
         states = [

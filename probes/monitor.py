@@ -42,6 +42,9 @@ CANARY_RETRY_S = 15.0
 STARTUP_HEALTH_PERIOD_S = 0.5
 BUSY_SCRAPE_S = 2.0
 SUSPECT_SCRAPE_S = 1.0
+ROUTINE_KEEP_S = (
+    60.0  # ≥ the spans policies.diagnose reads of local readings (STRONG_STALL_FRACTION of a stall)
+)
 STACKS_AT = (STRONG_STALL_FRACTION * 0.8, 0.5)  # the first dump lands just before the early threshold
 
 
@@ -69,6 +72,8 @@ class Monitor:
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[Observation]] = {}
         self._window: deque[Observation] = deque(maxlen=20000)
+        self._routine: deque[Observation] = deque(maxlen=20000)  # local readings that show nothing wrong
+        self._cuts = (0.0, 0.0)  # what _prune dropped: older than these, in _window and in _routine
         self._latest: dict[str, Observation] = {}
         self._logs, self._gpu, self._progress = LogWatch(), GpuWatch(), ProgressTracker(role)
         self.reset(time.monotonic())
@@ -79,6 +84,7 @@ class Monitor:
             task.cancel()
         self._tasks = {}
         self._window.clear()
+        self._routine.clear()
         self._latest = {}
         self.started_at = now
         self._due: dict[str, float] = {"health": now, "progress": now, "local": now, "logs_quiet": now}
@@ -103,8 +109,13 @@ class Monitor:
         return new
 
     def window(self) -> list[Observation]:
-        """What the probes saw in this launch (pruned by age; the newest of each probe always kept)."""
-        return list(self._window)
+        """What the probes saw in this launch (pruned by age; the newest of each probe always kept).
+
+        Local readings that show nothing wrong (ranks all alive, GPUs without Xid, logs without a signature)
+        are kept `ROUTINE_KEEP_S`; everything else as long as the longest window of the settings.
+        """
+        pruned = [o for o in self._latest.values() if o.at < self._cuts[1 if _routine(o) else 0]]
+        return [*self._window, *self._routine, *pruned]
 
     def reconfigure(self, settings: ProbeSettings) -> None:
         """New probe settings (a config reload) take effect from the next tick."""
@@ -146,17 +157,16 @@ class Monitor:
     # ---- internals
 
     def _record(self, obs: Observation) -> None:
-        self._window.append(obs)
+        (self._routine if _routine(obs) else self._window).append(obs)
         self._latest[obs.probe] = obs
 
     def _prune(self, now: float) -> None:
         s = self.settings
         keep_s = max(s.unresponsive_after_s, s.startup_silence_s, 3 * s.stall_after_s) + 60.0
-        while self._window and self._window[0].at < now - keep_s:
-            self._window.popleft()
-        present = {id(o) for o in self._window}
-        missing = [o for o in self._latest.values() if id(o) not in present]
-        self._window.extendleft(sorted(missing, key=lambda o: o.at, reverse=True))
+        self._cuts = (now - keep_s, now - ROUTINE_KEEP_S)
+        for queue, cut in zip((self._window, self._routine), self._cuts, strict=True):
+            while queue and queue[0].at < cut:
+                queue.popleft()
 
     def _collect(self, now: float) -> list[Observation]:
         done, self._pending = self._pending, []
@@ -311,3 +321,12 @@ class Monitor:
         return await stream_canary(
             session, self.canary_url, self.model, self.settings, tool.ok if tool else None
         )
+
+
+def _routine(obs: Observation) -> bool:
+    """A local reading that shows nothing wrong (kept for a shorter time than evidence)."""
+    if obs.probe == "ranks":
+        return obs.ok
+    if obs.probe == "gpu":
+        return obs.ok and not obs.values.get("xids")
+    return obs.probe == "logs" and not obs.values.get("hits")
