@@ -1,7 +1,8 @@
 """The daemon's own cost: CPU, RSS and loop lag while it supervises serving simulated servers.
 
 Two hosts: one tp-8 server, and eight tp-1 servers (a host of eight single-GPU servers) in one daemon. Once every
-server serves, the daemon process is sampled every second for the window (CPU % of one core, RSS), untouched;
+server serves and has run its first load canary (`stream_canary_first_s` after serving; the canaries run
+every 5 and 30 minutes after that, outside these windows), the daemon process is sampled every second for the window (CPU % of one core, RSS), untouched;
 then, for a second window, `/healthz` of its status server is fetched every 100 ms: the status server runs on
 the daemon's event loop, so the fetch's latency above its floor is the loop's lag (p50, p99, max). The fetches
 cost the daemon CPU themselves, which is why the CPU window comes first and without them.
@@ -44,13 +45,16 @@ def eight_servers(dep: Deployment) -> None:
     dep.config_path.write_text(head + "".join(blocks))
 
 
-def _all_serving(dep: Deployment) -> bool:
+def _settled(dep: Deployment) -> bool:
+    """Every server serves and has run its first load canary (the steady state, between canaries)."""
     try:
         with urllib.request.urlopen(dep.url + "/status", timeout=5) as resp:
             servers = json.loads(resp.read())["servers"]
     except (OSError, ValueError, KeyError):
         return False
-    return bool(servers) and all(s.get("state") == "serving" for s in servers)
+    return bool(servers) and all(
+        s.get("state") == "serving" and "canary_stream" in s["probes"]["probes"] for s in servers
+    )
 
 
 def _lag(url: str, stop: threading.Event, out: list[float]) -> None:
@@ -72,7 +76,7 @@ def measure(servers: int, window_s: float) -> dict[str, Any]:
             eight_servers(dep)
         daemon = dep.start()
         deadline = time.monotonic() + 240
-        while not _all_serving(dep):
+        while not _settled(dep):
             if time.monotonic() > deadline or daemon.poll() is not None:
                 return {"error": f"not every server served: {dep.log_tail(5)}"}
             time.sleep(0.5)

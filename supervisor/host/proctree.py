@@ -31,7 +31,7 @@ _TITLE_LIMIT = 4096
 _EXTRA_PARTS = re.compile(r"_(?:ATTN_CP|MOE_DP|EP)\d+")
 # Never signalled, never counted as a holder: NVIDIA's daemons. A trailing "*" matches a prefix.
 DEFAULT_ALLOWLIST: tuple[str, ...] = ("nvidia-persistenced", "nv-hostengine", "dcgm*")
-FULL_SCAN_S = 30.0
+FULL_SCAN_S = 60.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -112,7 +112,7 @@ def expected_rank_titles(tp: int, dp: int = 1, pp: int = 1, nnodes: int = 1, nod
 def process_title(pid: int) -> str:
     """The title a process shows (``setproctitle`` rewrites cmdline); empty if unreadable."""
     try:
-        with open(_PROC / str(pid) / "cmdline", "rb") as fh:
+        with open(f"{_PROC}/{pid}/cmdline", "rb") as fh:
             raw = fh.read(_TITLE_LIMIT)
     except OSError:
         return ""
@@ -206,7 +206,7 @@ def descendants(pid: int) -> list[ProcId]:
 def read_markers(pid: int) -> dict[str, str]:
     """``SGLSUP_RUN_ID`` / ``SGLSUP_SERVER`` from a process's initial environment (empty if none)."""
     try:
-        with open(_PROC / str(pid) / "environ", "rb") as fh:
+        with open(f"{_PROC}/{pid}/environ", "rb") as fh:
             raw = fh.read(_ENVIRON_LIMIT)
     except OSError:
         return {}
@@ -320,7 +320,7 @@ def poll_tree(
 def _stat(pid: int) -> tuple[str, float, int] | None:
     """(state letter, user + system CPU seconds, start time in ticks) from ``/proc/<pid>/stat``; None if gone."""
     try:
-        with open(_PROC / str(pid) / "stat", "rb") as fh:
+        with open(f"{_PROC}/{pid}/stat", "rb") as fh:
             raw = fh.read(_TITLE_LIMIT)
     except OSError:
         return None
