@@ -245,7 +245,7 @@ def snapshot(
 
     A zombie shows no title any more; ``previous`` lets a rank seen before be reported as a zombie.
     """
-    quick = _quick_snapshot(main_pid, expected_titles, previous)
+    quick = quick_snapshot(main_pid, expected_titles, previous)
     if quick is not None:
         return quick
     desc = descendants(main_pid)
@@ -268,10 +268,13 @@ def snapshot(
     )
 
 
-def _quick_snapshot(
+def quick_snapshot(
     main_pid: int, expected_titles: Sequence[str], previous: TreeSnapshot | None
 ) -> TreeSnapshot | None:
-    """The snapshot from the PIDs seen last time, or None when a full scan is due (see the module doc)."""
+    """The snapshot from the PIDs seen last time, or None when a full scan is due (see the module doc).
+
+    A few small reads of ``/proc`` (one per known rank): cheap enough to run on the event loop.
+    """
     now = time.monotonic()
     if previous is None or previous.main_pid != main_pid or now - previous.scanned_at >= FULL_SCAN_S:
         return None
