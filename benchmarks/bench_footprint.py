@@ -23,7 +23,8 @@ from typing import Any
 import psutil
 
 from benchmarks.common import bench_deployment, parser, say, summary, write_result
-from tests.e2e.support import Deployment, free_port_block
+from tests.support.daemon import Deployment
+from tests.support.ports import free_port
 
 HEALTHZ_PERIOD_S = 0.1
 
@@ -34,7 +35,7 @@ def eight_servers(dep: Deployment) -> None:
     head, server = text.split("[[servers]]", 1)
     blocks = []
     for gpu in range(8):
-        port = free_port_block(3)
+        port = free_port(3)
         block = server.replace(f'"{dep.port}"', f'"{port}"').replace(f"[{dep.port + 2}]", f"[{port + 2}]")
         block = block.replace('name = "sim"', f'name = "sim{gpu}"')
         block = block.replace('"--tp-size", "8"', '"--tp-size", "1"')

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.support import Traffic, deployment
+from tests.support.daemon import Traffic, deployment
 
 pytestmark = pytest.mark.e2e
 
