@@ -3,7 +3,8 @@
 Tools (defaults from `reference/anchors.md`; a "container" / "cgroup" is the set of processes that carry the
 run's simulator state dir in their environment):
 
-- `supervisor`: sglang-supervisor itself, default probes and default restart backoff (5 s first).
+- `supervisor`: sglang-supervisor itself, default probes and default restart backoff (the first restart of a
+  streak at once, then 5 s, 10 s …).
 - `k8s`: liveness `httpGet /health` every 10 s, 3 consecutive failures ⇒ SIGTERM the container's main process,
   30 s grace, SIGKILL the container; a container exit restarts it too; restart delays 0, 10, 20, 40 … s.
   Its timeoutSeconds is raised to 25 s (above SGLang's own 20 s health wait): with the default 1 s every probe of
@@ -64,8 +65,8 @@ PARSER = "parser_misconfig"
 HEALTHY = "healthy"
 FAULTS = [*SCENARIOS, ORPHANS, PARSER, HEALTHY]
 PRODUCT_RESTART = {"initial_s": 5, "max_s": 300}
-# The supervisor's stream canary first runs 5 min after serving: give the leak scenario room to show it.
-LONG_BOUND_S = {"tool_markup_leak_under_load": 360.0}
+# The supervisor's stream canary first runs `stream_canary_first_s` (30 s) after serving; room for one retry.
+LONG_BOUND_S = {"tool_markup_leak_under_load": 150.0}
 
 
 class Baseline(abc.ABC):

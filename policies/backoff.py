@@ -7,6 +7,10 @@ server is retried every `slow_retry_s` instead of being abandoned.
 `history` is the restart times of the current *streak*: the daemon clears it once the server has
 been serving for `stable_after_s` (`is_stable`). Within a streak, once the budget has been spent,
 every further restart is a slow retry until the server is stable again.
+
+With `immediate_first` the first restart of a streak goes at once, as Kubernetes restarts a container
+that exits for the first time: a single crash of a stable server costs no waiting. The backoff starts
+with the second restart of the streak (`initial_s`, then ×`factor`), so a crash loop still slows down.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ class RestartParams(Protocol):
     def stable_after_s(self) -> float: ...
     @property
     def slow_retry_s(self) -> float: ...
+    @property
+    def immediate_first(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,8 @@ def decide_restart(history: Sequence[float], now: float, cfg: RestartParams, ran
             return RestartDecision(False, 0.0, f"{spent}; failed, slow retry off")
         delay = cfg.slow_retry_s * (1.0 + cfg.jitter * (2.0 * rand - 1.0))
         return RestartDecision(False, delay, f"{spent}; failed, slow retry in {delay:.0f}s", slow_retry=True)
-    delay = backoff_delay(len(history), cfg, rand)
+    if not history and cfg.immediate_first:
+        return RestartDecision(True, 0.0, f"restart 1 of {cfg.restarts} within {cfg.window_s:g}s; at once")
+    delay = backoff_delay(len(history) - (1 if cfg.immediate_first else 0), cfg, rand)
     reason = f"restart {recent + 1} of {cfg.restarts} within {cfg.window_s:g}s; backoff {delay:.1f}s"
     return RestartDecision(True, delay, reason)

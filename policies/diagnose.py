@@ -9,6 +9,10 @@ Order of precedence (the first rule that holds decides; later rules only add not
 4. `startup_failure` — an init death, port collision, /dev/shm bus error, graph-capture failure.
 5. `collective_hang` — work stalled AND (rank stacks in different collectives, all in one collective, or GPUs
                   spinning at ≥95 % utilisation on ≤35 % power); or an NCCL/Gloo collective timeout line.
+                  Strong evidence decides early, after `STRONG_STALL_FRACTION` of `stall_after_s` (5 s of the
+                  default 20 s): ranks in different collectives, every rank in one blocking collective, or GPUs
+                  spinning in every GPU reading of that span (at least two). Weak evidence — frozen counters
+                  with work in flight, nothing else — waits the full `stall_after_s` (a slow forward is not a hang).
 6. `pd_transfer_wedge` — a decode server whose transfer/prealloc queue is non-zero and not draining with no decode
                   progress for `stall_after_s`.
 7. `decode_wedge` — work in flight (frozen running gauge, generation requests active, our own canary) with no
@@ -44,6 +48,9 @@ from policies.model import (
 )
 
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95})
+STRONG_STALL_FRACTION = 0.25  # of stall_after_s: a stall this long with strong hang evidence is a hang
+# waiting for its own kernels or for requests is not a hang, however long it lasts
+NOT_BLOCKING = frozenset({"recv_requests", "synchronize"})
 CRASH_XIDS = frozenset({13, 31, 43})
 
 
@@ -185,9 +192,10 @@ def _startup_failure(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | No
     return _log_fault(w, "startup_failure", 0.9)
 
 
-def _stalled(w: _Window, ctx: DiagnoseContext) -> Observation | None:
+def _stalled(w: _Window, ctx: DiagnoseContext, fraction: float = 1.0) -> Observation | None:
     progress = w.latest("progress")
-    if progress is None or progress_values(progress).get("stalled_s", 0.0) < ctx.settings.stall_after_s:
+    after = ctx.settings.stall_after_s * fraction
+    if progress is None or progress_values(progress).get("stalled_s", 0.0) < after:
         return None
     return progress
 
@@ -196,18 +204,25 @@ def _stall_onset(progress: Observation) -> float:
     return progress.at - float(progress_values(progress).get("stalled_s", 0.0))
 
 
-def _spinning(w: _Window) -> list[int]:
+def _spinning(w: _Window, since: float | None = None) -> list[int]:
+    """GPUs spinning in the latest reading; with `since`, in every reading from then on (at least two)."""
     gpu = w.latest("gpu")
-    return list(gpu_values(gpu).get("spin", ())) if gpu else []
+    spin = list(gpu_values(gpu).get("spin", ())) if gpu else []
+    if since is None or not spin:
+        return spin
+    span = [o for o in w.all("gpu") if o.at >= since]
+    steady = len(span) >= 2 and all(gpu_values(o).get("spin") for o in span)
+    return spin if steady else []
 
 
 def _collective_hang(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     logged = _log_fault(w, "collective_hang", 0.9)
     if logged is not None:
         return logged
-    progress = _stalled(w, ctx)
+    progress = _stalled(w, ctx, STRONG_STALL_FRACTION)
     if progress is None:
         return None
+    full = _stalled(w, ctx) is not None
     pv = progress_values(progress)
     stall = {"stalled_s": pv.get("stalled_s"), "work": pv.get("work_reasons")}
     onset = _stall_onset(progress)
@@ -226,7 +241,8 @@ def _collective_hang(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | No
                 progress=stall,
             )
         all_in = sv.get("all_in")
-        if all_in and all_in != "recv_requests":
+        blocking = all_in is not None and all_in not in NOT_BLOCKING
+        if blocking or (full and all_in and all_in != "recv_requests"):
             return _fault(
                 "collective_hang",
                 f"every rank blocked in {all_in} with no progress",
@@ -235,7 +251,7 @@ def _collective_hang(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | No
                 stacks=frames,
                 progress=stall,
             )
-    spin = _spinning(w)
+    spin = _spinning(w) if full else _spinning(w, now - ctx.settings.stall_after_s * STRONG_STALL_FRACTION)
     if spin:
         return _fault(
             "collective_hang",

@@ -201,6 +201,7 @@ class ProbeSettings:
     canary_max_tokens: int = 256
     stream_canary_concurrency: int = 32
     stream_canary_period_s: float = 1800.0
+    stream_canary_first_s: float = 30.0  # the first load canary, this long after the first canary passed
     stall_after_s: float = 20.0
     metrics_period_s: float = 5.0
     metrics_max_bytes: int = 4 * 1024 * 1024

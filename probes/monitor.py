@@ -4,8 +4,14 @@ deciding what the window means is `policies.triage`.
 `tick(now)` never blocks for long: HTTP probes and py-spy run as tasks, at most one in flight per kind, and their
 observations are collected on a later tick. Cheap local probes (logs, ranks, GPU) run inline at most once a
 second. With the default settings the HTTP probes send about 0.3 requests/s on average (/health every 10 s,
-/metrics every 5 s, two chat completions and /server_info every 5 min, `stream_canary_concurrency` streams every
-30 min).
+/metrics every 5 s, two chat completions and /server_info every 5 min, `stream_canary_concurrency` streams
+`stream_canary_first_s` after serving and then every 30 min).
+
+Suspicion speeds the probes up: until the first 200 `/health` is probed every `STARTUP_HEALTH_PERIOD_S`; while
+work is in flight `/metrics` is scraped every `BUSY_SCRAPE_S` (the time of the last counter move is known to
+that precision), and every `SUSPECT_SCRAPE_S` once a scrape with work in flight saw no counter move; rank
+stacks are dumped once at each of `STACKS_AT` (fractions of `stall_after_s`) of a stall episode, so the strong
+evidence of `policies.diagnose` is there when its early threshold comes.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from policies.diagnose import STRONG_STALL_FRACTION
 from policies.leaks import INCONCLUSIVE, PASS
 from policies.model import Observation, ProbeSettings, TreeView
 from probes.canary import config_check, reasoning_canary, tool_canary
@@ -32,7 +39,13 @@ from probes.stream_canary import stream_canary
 
 LOCAL_PERIOD_S = 1.0
 CANARY_RETRY_S = 15.0
-STARTUP_HEALTH_PERIOD_S = 2.0
+STARTUP_HEALTH_PERIOD_S = 0.5
+BUSY_SCRAPE_S = 2.0
+SUSPECT_SCRAPE_S = 1.0
+ROUTINE_KEEP_S = (
+    60.0  # ≥ the spans policies.diagnose reads of local readings (STRONG_STALL_FRACTION of a stall)
+)
+STACKS_AT = (STRONG_STALL_FRACTION * 0.8, 0.5)  # the first dump lands just before the early threshold
 
 
 class Monitor:
@@ -59,6 +72,8 @@ class Monitor:
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[Observation]] = {}
         self._window: deque[Observation] = deque(maxlen=20000)
+        self._routine: deque[Observation] = deque(maxlen=20000)  # local readings that show nothing wrong
+        self._cuts = (0.0, 0.0)  # what _prune dropped: older than these, in _window and in _routine
         self._latest: dict[str, Observation] = {}
         self._logs, self._gpu, self._progress = LogWatch(), GpuWatch(), ProgressTracker(role)
         self.reset(time.monotonic())
@@ -69,6 +84,7 @@ class Monitor:
             task.cancel()
         self._tasks = {}
         self._window.clear()
+        self._routine.clear()
         self._latest = {}
         self.started_at = now
         self._due: dict[str, float] = {"health": now, "progress": now, "local": now, "logs_quiet": now}
@@ -77,7 +93,7 @@ class Monitor:
         self._healthy_seen = False  # /health answered 200 in this launch (probe it at its own period then)
         self._pending: list[Observation] = []  # recorded by a running task, returned by the next tick
         self._cpu: dict[str, float] = {}
-        self._stacks_for: float | None = None
+        self._stacks_done: set[tuple[float, float]] = set()  # (episode, fraction) dumped
         self._gpu_busy_at: float | None = None
         self._logs.reset(now)
         self._progress.reset(now)
@@ -93,8 +109,13 @@ class Monitor:
         return new
 
     def window(self) -> list[Observation]:
-        """What the probes saw in this launch (pruned by age; the newest of each probe always kept)."""
-        return list(self._window)
+        """What the probes saw in this launch (pruned by age; the newest of each probe always kept).
+
+        Local readings that show nothing wrong (ranks all alive, GPUs without Xid, logs without a signature)
+        are kept `ROUTINE_KEEP_S`; everything else as long as the longest window of the settings.
+        """
+        pruned = [o for o in self._latest.values() if o.at < self._cuts[1 if _routine(o) else 0]]
+        return [*self._window, *self._routine, *pruned]
 
     def reconfigure(self, settings: ProbeSettings) -> None:
         """New probe settings (a config reload) take effect from the next tick."""
@@ -136,17 +157,16 @@ class Monitor:
     # ---- internals
 
     def _record(self, obs: Observation) -> None:
-        self._window.append(obs)
+        (self._routine if _routine(obs) else self._window).append(obs)
         self._latest[obs.probe] = obs
 
     def _prune(self, now: float) -> None:
         s = self.settings
         keep_s = max(s.unresponsive_after_s, s.startup_silence_s, 3 * s.stall_after_s) + 60.0
-        while self._window and self._window[0].at < now - keep_s:
-            self._window.popleft()
-        present = {id(o) for o in self._window}
-        missing = [o for o in self._latest.values() if id(o) not in present]
-        self._window.extendleft(sorted(missing, key=lambda o: o.at, reverse=True))
+        self._cuts = (now - keep_s, now - ROUTINE_KEEP_S)
+        for queue, cut in zip((self._window, self._routine), self._cuts, strict=True):
+            while queue and queue[0].at < cut:
+                queue.popleft()
 
     def _collect(self, now: float) -> list[Observation]:
         done, self._pending = self._pending, []
@@ -180,9 +200,12 @@ class Monitor:
             obs = dataclasses.replace(obs, values={**obs.values, "soft_fail": soft})
             if verdict == PASS and "canary_stream" not in self._armed and s.stream_canary_on:
                 self._armed.add("canary_stream")
-                self._due["canary_stream"] = now + min(s.stream_canary_period_s, s.canary_period_s)
+                self._due["canary_stream"] = now + min(s.stream_canary_period_s, s.stream_canary_first_s)
         if kind == "canary_stream" and s.stream_canary_on:
             self._due["canary_stream"] = now + s.stream_canary_period_s
+        if kind == "progress" and obs.values.get("work"):
+            period = BUSY_SCRAPE_S if obs.values.get("moved") else SUSPECT_SCRAPE_S
+            self._due["progress"] = min(self._due.get("progress", now), now + period)
         return obs
 
     def _local(self, now: float) -> list[Observation]:
@@ -231,9 +254,13 @@ class Monitor:
         progress = self._latest.get("progress")
         stalled = float(progress.values.get("stalled_s", 0.0)) if progress else 0.0
         episode = self._progress.work_since
-        suspicious = stalled >= s.stall_after_s / 2 and episode is not None
-        if suspicious and self._stacks_for != episode and "stacks" not in self._tasks:
-            self._stacks_for = episode
+        if episode is None or "stacks" in self._tasks:
+            return
+        due = [
+            f for f in STACKS_AT if stalled >= s.stall_after_s * f and (episode, f) not in self._stacks_done
+        ]
+        if due:
+            self._stacks_done.update((episode, f) for f in due)
             pids = self._safe(self._pids, {})
             self._tasks["stacks"] = asyncio.ensure_future(probe_stacks(pids, s.stacks_budget_s))
 
@@ -294,3 +321,12 @@ class Monitor:
         return await stream_canary(
             session, self.canary_url, self.model, self.settings, tool.ok if tool else None
         )
+
+
+def _routine(obs: Observation) -> bool:
+    """A local reading that shows nothing wrong (kept for a shorter time than evidence)."""
+    if obs.probe == "ranks":
+        return obs.ok
+    if obs.probe == "gpu":
+        return obs.ok and not obs.values.get("xids")
+    return obs.probe == "logs" and not obs.values.get("hits")

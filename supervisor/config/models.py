@@ -57,6 +57,7 @@ class RestartConfig(_Model):
     jitter: float = Field(0.2, ge=0, lt=1)
     stable_after_s: float = Field(600, gt=0)
     slow_retry_s: float = Field(1800, ge=0)
+    immediate_first: bool = True
 
 
 class SupervisorConfig(_Model):
@@ -85,6 +86,7 @@ class ProbesConfig(_Model):
     canary_timeout_s: float = Field(60, gt=0)
     stream_canary_concurrency: int = Field(32, ge=1, le=256)
     stream_canary_period_s: float = Field(1800, ge=0)
+    stream_canary_first_s: float = Field(30, ge=0)
     stall_after_s: float = Field(20, gt=0)
     metrics_period_s: float = Field(5, gt=0)
     expected_tool_parser: str = "auto"

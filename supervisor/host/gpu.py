@@ -110,22 +110,41 @@ def open_holders(paths: Sequence[Path], include_maps: bool = False) -> dict[Path
 
 def fuser_holders(paths: Sequence[Path]) -> dict[Path, set[int]] | None:
     """PIDs ``fuser -a`` reports on each path, or None when fuser is not installed."""
+    running = _start_fusers(paths)
+    return None if running is None else _collect_fusers(running)
+
+
+def _start_fusers(paths: Sequence[Path]) -> dict[Path, subprocess.Popen[bytes]] | None:
+    """One ``fuser -a`` per path, all at once: each reads every process's open files, so serial runs add up."""
     fuser = shutil.which("fuser")
     if fuser is None:
         return None
-    found: dict[Path, set[int]] = {}
-    for path in paths:
-        try:
-            done = subprocess.run(
-                [fuser, "-a", str(path)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                timeout=_FUSER_TIMEOUT_S,
-                check=False,
+    running: dict[Path, subprocess.Popen[bytes]] = {}
+    try:
+        for path in paths:
+            running[Path(path)] = subprocess.Popen(
+                [fuser, "-a", str(path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
             )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        found[Path(path)] = parse_fuser_output(done.stdout.decode("ascii", "replace"))
+    except OSError:
+        _collect_fusers(running)
+        return None
+    return running
+
+
+def _collect_fusers(running: dict[Path, subprocess.Popen[bytes]]) -> dict[Path, set[int]] | None:
+    """Each fuser's PIDs; None when one failed or outlived the timeout (all are reaped either way)."""
+    deadline = time.monotonic() + _FUSER_TIMEOUT_S
+    found: dict[Path, set[int]] | None = {}
+    for path, proc in running.items():
+        try:
+            out, _ = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            found = None
+            continue
+        if found is not None:
+            found[path] = parse_fuser_output(out.decode("ascii", "replace"))
     return found
 
 
@@ -143,8 +162,9 @@ def device_holders(
     paths: Sequence[Path], use_fuser: bool = True, allowlist: Sequence[str] = proctree.DEFAULT_ALLOWLIST
 ) -> list[Holder]:
     """Live processes holding ``paths`` (``/proc`` scan, plus ``fuser`` if present), allowlist excepted."""
-    scanned = open_holders(paths)
-    fused = fuser_holders(paths) if use_fuser else None
+    running = _start_fusers(paths) if use_fuser else None
+    scanned = open_holders(paths)  # while the fusers run
+    fused = _collect_fusers(running) if running is not None else None
     holders = []
     for path, proc_pids in scanned.items():
         fuser_pids = fused.get(path, set()) if fused is not None else set()

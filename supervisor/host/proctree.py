@@ -3,6 +3,12 @@
 Every process the launcher starts carries ``SGLSUP_RUN_ID=<run>`` and ``SGLSUP_SERVER=<server>`` in its
 environment; children inherit it, so a rank that was re-parented to PID 1 or called ``setsid`` is still
 found by reading ``/proc/<pid>/environ``. Nothing here signals anything.
+
+Finding descendants and marked processes reads every process on the host, so a snapshot does it at most every
+``FULL_SCAN_S``: in between, while every expected rank still shows its title at the PID last seen, only those
+PIDs and the main process are read (``/proc/<pid>/stat`` each: state, CPU time, start time — a PID whose start
+time changed is another process). Any rank not found at its PID forces a full scan at once, so a loss is
+reported as soon as without this shortcut (the reaper rescans the host itself before it acts).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ _TITLE_LIMIT = 4096
 _EXTRA_PARTS = re.compile(r"_(?:ATTN_CP|MOE_DP|EP)\d+")
 # Never signalled, never counted as a holder: NVIDIA's daemons. A trailing "*" matches a prefix.
 DEFAULT_ALLOWLIST: tuple[str, ...] = ("nvidia-persistenced", "nv-hostengine", "dcgm*")
+FULL_SCAN_S = 60.0
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,7 @@ class RankState:
     pid: int | None
     status: str  # "running" | "zombie" | "missing"
     cpu_time_s: float | None
+    start_ticks: int | None = None  # the process's start time in clock ticks since boot (its identity)
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class TreeSnapshot:
     ranks: tuple[RankState, ...]
     descendants: tuple[ProcId, ...]
     marked: tuple[ProcId, ...]
+    scanned_at: float = 0.0  # monotonic: the last full scan of the host's processes
 
     @property
     def lost_ranks(self) -> tuple[RankState, ...]:
@@ -102,7 +112,7 @@ def expected_rank_titles(tp: int, dp: int = 1, pp: int = 1, nnodes: int = 1, nod
 def process_title(pid: int) -> str:
     """The title a process shows (``setproctitle`` rewrites cmdline); empty if unreadable."""
     try:
-        with open(_PROC / str(pid) / "cmdline", "rb") as fh:
+        with open(f"{_PROC}/{pid}/cmdline", "rb") as fh:
             raw = fh.read(_TITLE_LIMIT)
     except OSError:
         return ""
@@ -196,7 +206,7 @@ def descendants(pid: int) -> list[ProcId]:
 def read_markers(pid: int) -> dict[str, str]:
     """``SGLSUP_RUN_ID`` / ``SGLSUP_SERVER`` from a process's initial environment (empty if none)."""
     try:
-        with open(_PROC / str(pid) / "environ", "rb") as fh:
+        with open(f"{_PROC}/{pid}/environ", "rb") as fh:
             raw = fh.read(_ENVIRON_LIMIT)
     except OSError:
         return {}
@@ -235,6 +245,9 @@ def snapshot(
 
     A zombie shows no title any more; ``previous`` lets a rank seen before be reported as a zombie.
     """
+    quick = quick_snapshot(main_pid, expected_titles, previous)
+    if quick is not None:
+        return quick
     desc = descendants(main_pid)
     marked = find_marked(run_id=run_id) if run_id else []
     by_title = _index_titles({p.pid for p in desc} | {p.pid for p in marked})
@@ -243,13 +256,47 @@ def snapshot(
         _rank_state(title, by_title.get(_canonical_title(title)), known.get(title))
         for title in expected_titles
     )
+    now = time.monotonic()
     return TreeSnapshot(
-        taken_at=time.monotonic(),
+        taken_at=now,
         main_pid=main_pid,
         main_alive=is_alive(main_pid),
         ranks=ranks,
         descendants=tuple(desc),
         marked=tuple(marked),
+        scanned_at=now,
+    )
+
+
+def quick_snapshot(
+    main_pid: int, expected_titles: Sequence[str], previous: TreeSnapshot | None
+) -> TreeSnapshot | None:
+    """The snapshot from the PIDs seen last time, or None when a full scan is due (see the module doc).
+
+    A few small reads of ``/proc`` (one per known rank): cheap enough to run on the event loop.
+    """
+    now = time.monotonic()
+    if previous is None or previous.main_pid != main_pid or now - previous.scanned_at >= FULL_SCAN_S:
+        return None
+    known = {r.title: r for r in previous.ranks if r.status == "running" and r.pid is not None}
+    ranks = []
+    for title in expected_titles:
+        seen = known.get(title)
+        stat = _stat(seen.pid) if seen is not None and seen.pid is not None else None
+        if seen is None or stat is None or stat[0] == "Z" or stat[2] != seen.start_ticks:
+            return None
+        ranks.append(RankState(title, seen.pid, "running", stat[1], stat[2]))
+    main = _stat(main_pid)
+    if main is None or main[0] == "Z":
+        return None
+    return TreeSnapshot(
+        taken_at=now,
+        main_pid=main_pid,
+        main_alive=True,
+        ranks=tuple(ranks),
+        descendants=previous.descendants,  # as of the last full scan; the reaper rechecks each one
+        marked=previous.marked,
+        scanned_at=previous.scanned_at,
     )
 
 
@@ -273,16 +320,29 @@ def poll_tree(
     return current, changes(previous, current)
 
 
+def _stat(pid: int) -> tuple[str, float, int] | None:
+    """(state letter, user + system CPU seconds, start time in ticks) from ``/proc/<pid>/stat``; None if gone."""
+    try:
+        with open(f"{_PROC}/{pid}/stat", "rb") as fh:
+            raw = fh.read(_TITLE_LIMIT)
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2 :].split()  # after "pid (comm) ": the comm may hold spaces
+    try:
+        return fields[0].decode(), (int(fields[11]) + int(fields[12])) / _CLK_TCK, int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
 def _rank_state(title: str, pid: int | None, known_pid: int | None) -> RankState:
     if pid is None:
         if known_pid is not None and _is_zombie(known_pid):
             return RankState(title, known_pid, "zombie", None)
         return RankState(title, None, "missing", None)
-    try:
-        times = psutil.Process(pid).cpu_times()
-    except psutil.Error:
+    stat = _stat(pid)
+    if stat is None:
         return RankState(title, None, "missing", None)
-    return RankState(title, pid, "running", times.user + times.system)
+    return RankState(title, pid, "running", stat[1], stat[2])
 
 
 def _is_zombie(pid: int) -> bool:

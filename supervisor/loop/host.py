@@ -142,7 +142,10 @@ class RealHost:
     async def poll_tree(
         self, previous: TreeSnapshot | None, main_pid: int, run_id: str, titles: Sequence[str]
     ) -> tuple[TreeSnapshot, list[TreeEvent]]:
-        """Snapshot the tree and what changed (proctree.poll_tree, in a thread)."""
+        """Snapshot the tree and what changed: from the known PIDs inline, else a full scan in a thread."""
+        quick = proctree.quick_snapshot(main_pid, titles, previous)
+        if quick is not None:
+            return quick, []  # every known rank and the main process still run: nothing changed
         return await asyncio.to_thread(proctree.poll_tree, previous, main_pid, run_id, list(titles))
 
     async def find_marked(self, marker: str) -> list[ProcId]:

@@ -46,6 +46,7 @@ def probe_settings(loop: ServerLoop) -> ProbeSettings:
         canary_timeout_s=p.canary_timeout_s,
         stream_canary_concurrency=p.stream_canary_concurrency,
         stream_canary_period_s=p.stream_canary_period_s,
+        stream_canary_first_s=p.stream_canary_first_s,
         stall_after_s=p.stall_after_s,
         metrics_period_s=p.metrics_period_s,
         startup_budget_s=loop.cfg.startup_budget_s,

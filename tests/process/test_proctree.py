@@ -54,6 +54,26 @@ def test_killed_rank_shows_as_lost_while_main_lives(start_tree: Callable[..., Tr
     assert [r.status for r in fresh.lost_ranks] == ["missing"]
 
 
+def test_polls_between_full_scans_still_see_a_rank_die(start_tree: Callable[..., Tree]) -> None:
+    """Between full scans a poll reads only the known PIDs, and a rank killed then is lost at the next poll."""
+    tree = start_tree("--ranks", "2", "--detokenizer")
+    titles = expected_rank_titles(2)
+    first, _ = proctree.poll_tree(None, tree.main, tree.run_id, titles)
+    second, events = proctree.poll_tree(first, tree.main, tree.run_id, titles)
+    assert second.scanned_at == first.scanned_at and not events and not second.crashed
+    os.kill(tree.ranks["sglang::scheduler_TP0"], signal.SIGKILL)
+    seen: list[tuple[TreeSnapshot, list[TreeEvent]]] = []
+
+    def lost() -> bool:
+        seen.append(proctree.poll_tree(second, tree.main, tree.run_id, titles))
+        return seen[-1][0].crashed
+
+    wait_for(lost, 10, "the rank shown as lost")
+    snap, events = seen[-1]
+    assert snap.scanned_at > first.scanned_at
+    assert events == [TreeEvent("rank_lost", tree.ranks["sglang::scheduler_TP0"], "sglang::scheduler_TP0")]
+
+
 def test_main_death_is_seen_by_the_first_poll_after_it(start_tree: Callable[..., Tree]) -> None:
     """Once main is dead, the very next poll reports main_exited (latency ≤ one poll interval)."""
     tree = start_tree("--ranks", "2")

@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-from benchmarks import bench_baselines, bench_detection, bench_soak
+from benchmarks import bench_baselines, bench_detection, bench_soak, table
 from benchmarks.common import parser, summary
 
 MODULES = [
@@ -16,6 +16,8 @@ MODULES = [
     "benchmarks.bench_baselines",
     "benchmarks.bench_group",
     "benchmarks.bench_soak",
+    "benchmarks.bench_false",
+    "benchmarks.bench_footprint",
 ]
 
 
@@ -62,3 +64,29 @@ def test_k8s_default_only_on_the_healthy_scenario() -> None:
     """The 1 s-timeout k8s model runs only where it is the point: the healthy server."""
     assert "k8s_default" in bench_baselines.tools_for("healthy")
     assert "k8s_default" not in bench_baselines.tools_for("runtime_cuda_oom_crash")
+
+
+@pytest.mark.unit
+def test_table_compares_the_supervisor_with_the_fastest_alternative() -> None:
+    """A crash row is met when the supervisor is correct again no later than k8s and systemd; ratios say by how much."""
+    crash = {
+        "supervisor": {"correct_s": 2.0, "bound_s": 45},
+        "k8s": {"correct_s": 3.0, "bound_s": 45},
+        "systemd": {"correct_s": 4.0, "bound_s": 45},
+    }
+    wedge = {"supervisor": {"detect_s": 8.0, "bound_s": 45}, "k8s": {"detect_s": None, "bound_s": 45}}
+    rows = table.build(
+        {"results": {"runtime_cuda_oom_crash": crash, "overlap_tp_desync_hang": wedge}}, {}, {}, {}
+    )
+    assert rows[0][0].startswith("runtime_cuda_oom_crash") and rows[0][-2:] == ["1.5x", "yes"]
+    assert rows[1][-2:] == [">6x", "yes"] and rows[1][table.HEAD.index("k8s")] == ">45"
+    assert "supervisor" in table.render(rows).splitlines()[0]
+
+
+@pytest.mark.unit
+def test_table_marks_a_false_restart_and_a_slow_wedge_as_not_met() -> None:
+    """Any incident in a zero-fault episode, or a wedge p90 over 12 s, is a row not met."""
+    false = {"runs": [{"episode": "busy_64 + cpu_saturated", "incidents": 1, "load_1m_at_end": 9.0}]}
+    detection = {"scenarios": {"overlap_tp_desync_hang": {"latency_s": {"n": 5, "median": 9.0, "p90": 13.0}}}}
+    rows = table.build({}, detection, false, {})
+    assert [r[-1] for r in rows] == ["NO", "NO"]

@@ -264,3 +264,49 @@ def test_watchdog_line_is_decode_wedge_and_nccl_timeout_collective() -> None:
     assert kind_of([wd], ctx(), NOW) == "decode_wedge"
     nccl = logs(("collective_hang", "", "Watchdog caught collective operation timeout: WorkNCCL("))
     assert kind_of([nccl, wd], ctx(), NOW) == "collective_hang"
+
+
+@pytest.mark.unit
+def test_diverging_stacks_decide_a_hang_at_a_quarter_of_the_stall_window() -> None:
+    """Strong evidence acts early: ranks in different collectives after 5 s of a 20 s window are a hang."""
+    window = [stalled(5.0), stacks({"TP0": "broadcast", "TP1": "all_reduce"}, at=NOW - 1)]
+    fault = diagnose(window, ctx(), NOW)
+    assert fault is not None and fault.kind == "collective_hang" and fault.onset_at == NOW - 5.0
+
+
+@pytest.mark.unit
+def test_every_rank_in_one_blocking_collective_decides_early() -> None:
+    """Every rank in all_reduce with 5 s of no progress is a hang; before that it is nothing."""
+    frames = {"TP0": "all_reduce", "TP1": "all_reduce"}
+    assert kind_of([stalled(5.0), stacks(frames, at=NOW - 1)], ctx(), NOW) == "collective_hang"
+    assert kind_of([stalled(4.0), stacks(frames, at=NOW - 1)], ctx(), NOW) is None
+
+
+@pytest.mark.unit
+def test_ranks_waiting_on_their_own_kernels_wait_the_full_window() -> None:
+    """Every rank in synchronize (a slow forward) is weak evidence: nothing at 10 s, a hang at 20 s."""
+    frames = {"TP0": "synchronize", "TP1": "synchronize"}
+    assert kind_of([stalled(10.0), stacks(frames, at=NOW - 1)], ctx(), NOW) is None
+    assert kind_of([stalled(20.0), stacks(frames, at=NOW - 1)], ctx(), NOW) == "collective_hang"
+
+
+@pytest.mark.unit
+def test_frozen_counters_alone_wait_the_full_window() -> None:
+    """Work in flight with no progress and no other evidence is a decode wedge only after stall_after_s."""
+    assert kind_of([stalled(15.0)], ctx(), NOW) is None
+    assert kind_of([stalled(20.0)], ctx(), NOW) == "decode_wedge"
+
+
+@pytest.mark.unit
+def test_gpu_spin_in_every_reading_of_the_early_span_is_a_hang() -> None:
+    """GPUs spinning in every reading of the last 5 s, with 5 s of no progress, are a collective hang."""
+    readings = [obs("gpu", at=NOW - t, spin=[0, 1], xids=[]) for t in (4.0, 3.0, 2.0, 1.0, 0.0)]
+    assert kind_of([stalled(5.0), *readings], ctx(), NOW) == "collective_hang"
+
+
+@pytest.mark.unit
+def test_gpu_spin_in_one_reading_waits_the_full_window() -> None:
+    """One spinning reading among busy ones is not strong evidence before stall_after_s."""
+    readings = [obs("gpu", at=NOW - t, spin=[] if t else [0], xids=[]) for t in (3.0, 2.0, 1.0, 0.0)]
+    assert kind_of([stalled(6.0), *readings], ctx(), NOW) is None
+    assert kind_of([stalled(20.0), *readings], ctx(), NOW) == "collective_hang"

@@ -20,16 +20,31 @@ class Params:
     jitter: float = 0.2
     stable_after_s: float = 600
     slow_retry_s: float = 1800
+    immediate_first: bool = False
 
 
 CFG = Params()
 
 
 def test_first_restart_waits_initial_delay() -> None:
-    """A first fault restarts after initial_s (no jitter at rand=0.5)."""
+    """With immediate_first off, a first fault restarts after initial_s (no jitter at rand=0.5)."""
     d = decide_restart([], now=1000.0, cfg=CFG, rand=0.5)
     assert (d.allowed, d.delay_s, d.slow_retry) == (True, 5.0, False)
     assert "restart 1 of 5" in d.reason
+
+
+def test_first_restart_of_a_streak_goes_at_once_by_default() -> None:
+    """immediate_first (the default): the first restart of a streak has no delay, as Kubernetes restarts."""
+    d = decide_restart([], now=1000.0, cfg=replace(CFG, immediate_first=True), rand=0.9)
+    assert (d.allowed, d.delay_s) == (True, 0.0)
+    assert "at once" in d.reason
+
+
+def test_immediate_first_still_backs_off_a_crash_loop() -> None:
+    """immediate_first: the second and later restarts of a streak wait initial_s, then twice as long."""
+    cfg = replace(CFG, immediate_first=True)
+    delays = [decide_restart([100.0] * n, now=200.0, cfg=cfg, rand=0.5).delay_s for n in range(1, 4)]
+    assert delays == [5.0, 10.0, 20.0]
 
 
 def test_delays_double_until_the_cap() -> None:

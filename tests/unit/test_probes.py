@@ -18,7 +18,7 @@ from probes.canary import chat, from_json, reassemble, tool_canary
 from probes.gpu_probe import GpuWatch
 from probes.health import probe_health
 from probes.logwatch import LogWatch
-from probes.monitor import Monitor
+from probes.monitor import ROUTINE_KEEP_S, Monitor
 from probes.progress import ProgressTracker, parse_metrics, progress_counters
 from probes.stacks import classify, observe_ranks, parse_dump
 from tests.support.ports import free_port
@@ -421,5 +421,44 @@ async def test_canary_mode_off_sends_no_canary(fake: tuple[FakeServer, str]) -> 
         await _drive_fake_time(monitor, 20, 5.0)
         assert "/health" in server.requests
         assert "/v1/chat/completions" not in server.requests
+    finally:
+        await monitor.aclose()
+
+
+@pytest.mark.unit
+async def test_first_stream_canary_runs_soon_after_the_first_pass(fake: tuple[FakeServer, str]) -> None:
+    """The load canary first runs `stream_canary_first_s` after the tool canary passed, not a period later."""
+    _, url = fake
+    settings = ProbeSettings(
+        expected_tool_parser="kimi_k2", stream_canary_first_s=10, stream_canary_period_s=1800,
+        stream_canary_concurrency=2, canary_timeout_s=5, health_timeout_s=5,
+    )  # fmt: skip
+    monitor = Monitor(
+        server="s", role="unified", base_url=url, model="m", settings=settings,
+        tree=TreeView, gpu=None, log_lines=list, pids_for_stacks=dict,
+    )  # fmt: skip
+    try:
+        await _drive_fake_time(monitor, 12, 2.0)  # 24 s of synthetic time
+        probes = monitor.snapshot()["probes"]
+        assert probes["canary_tool"]["values"]["verdict"] == "pass"
+        assert probes["canary_stream"]["values"]["concurrency"] == 2
+    finally:
+        await monitor.aclose()
+
+
+@pytest.mark.unit
+async def test_routine_local_readings_age_out_but_the_newest_stays() -> None:
+    """Ranks readings that show nothing wrong leave the window after ROUTINE_KEEP_S; the newest is always in it."""
+    monitor = Monitor(
+        server="s", role="unified", base_url="http://127.0.0.1:9", model="m", settings=ProbeSettings(),
+        tree=lambda: TreeView(rank_cpu_s={"TP0": 1.0}), gpu=None, log_lines=list, pids_for_stacks=dict,
+    )  # fmt: skip
+    try:
+        start = asyncio.get_running_loop().time()
+        for i in range(200):
+            await monitor.tick(start + i)  # port 9 refuses: the HTTP probes fail fast
+        ranks = [o for o in monitor.window() if o.probe == "ranks"]
+        assert ranks and min(o.at for o in ranks) >= start + 199 - ROUTINE_KEEP_S
+        assert max(o.at for o in ranks) == start + 199
     finally:
         await monitor.aclose()

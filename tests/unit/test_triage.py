@@ -111,6 +111,7 @@ def _facts(**kw: object) -> PlanFacts:
             600.0,
             1800.0,
         )
+        immediate_first = True
 
     base: dict[str, object] = {
         "role": "unified", "args": (), "restarts": (), "serving_since": None, "restart": Restart(),
