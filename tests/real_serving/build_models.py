@@ -13,6 +13,7 @@ The directory names carry the family (`qwen2.5`, `qwen3`) that tells the daemon 
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -47,9 +48,11 @@ TEMPLATE = (  # newlines only as {{ '\n' }}: HF renders with trim_blocks, which 
     r"{% for message in messages %}{% if not (tools and loop.first and message.role == 'system') %}"
     r"<|im_start|>{{ message.role }}{{ '\n' }}{{ message.content or '' }}<|im_end|>{{ '\n' }}"
     r"{% endif %}{% endfor %}"
-    r"{% if add_generation_prompt %}<|im_start|>assistant{{ '\n' }}"
-    r"{% if THINKING and enable_thinking is defined and not enable_thinking %}"
-    r"<think>{{ '\n\n' }}</think>{{ '\n\n' }}{% endif %}{% endif %}"
+    r"{% if add_generation_prompt %}<|im_start|>assistant{{ '\n' }}{% endif %}"
+)
+THINKING_OFF = (  # the reasoning model's generation prompt when thinking is off, as Qwen3's template has it
+    r"{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %}"
+    r"<think>{{ '\n\n' }}</think>{{ '\n\n' }}{% endif %}"
 )
 
 
@@ -67,7 +70,7 @@ def tokenizer(reasoning: bool) -> PreTrainedTokenizerFast:
     tok.train_from_iterator(CORPUS, trainer=trainer)
     pieces = [*MARKUP, CALL, *([THOUGHT, ANSWER, DOUBLE_NEWLINE] if reasoning else [])]
     tok.add_tokens([AddedToken(p, normalized=False, special=False) for p in pieces])
-    template = TEMPLATE.replace("THINKING", "true" if reasoning else "false")
+    template = TEMPLATE + (THINKING_OFF if reasoning else "")
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=None,
@@ -83,12 +86,12 @@ def chain(tok: PreTrainedTokenizerFast, reasoning: bool) -> tuple[dict[int, int]
     ids = {p: tok.convert_tokens_to_ids(p) for p in [*SPECIAL, *MARKUP]}
     ids |= {p: tok.convert_tokens_to_ids(p) for p in tok.get_added_vocab() if p not in ids}
     tool = [ids["<tool_call>"], ids[CALL], ids["</tool_call>"], ids["<|im_end|>"]]
-    links = dict(zip(tool, tool[1:], strict=False))
+    links = dict(itertools.pairwise(tool))
     if not reasoning:
         return links, tool[0]
     links[ids[DOUBLE_NEWLINE]] = tool[0]
     think = [ids["<think>"], ids[THOUGHT], ids["</think>"], ids[ANSWER], ids["<|im_end|>"]]
-    links |= dict(zip(think, think[1:], strict=False))
+    links |= dict(itertools.pairwise(think))
     return links, think[0]
 
 
@@ -121,7 +124,11 @@ def scripted_weights(links: dict[int, int], default_next: int, vocab: int) -> di
         "post_attention_layernorm.weight": (HIDDEN,),
     }
     tensors = {f"model.layers.0.{k}": torch.zeros(shape) for k, shape in layer.items()}
-    tensors |= {"model.embed_tokens.weight": embed, "lm_head.weight": head, "model.norm.weight": torch.ones(HIDDEN)}
+    tensors |= {
+        "model.embed_tokens.weight": embed,
+        "lm_head.weight": head,
+        "model.norm.weight": torch.ones(HIDDEN),
+    }
     return tensors
 
 

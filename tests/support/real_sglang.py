@@ -155,7 +155,9 @@ def real_sglang_python(timeout_s: float = 1500) -> Path:
 
 def real_serving_python(timeout_s: float = 2400) -> Path:
     """The interpreter of the cached serving venv (the whole server on CPU), installing it first if needed."""
-    return _cached_python(serving_venv_dir(), (REQUIREMENTS, SERVING_REQUIREMENTS), SERVING_SMOKE_IMPORT, timeout_s)
+    return _cached_python(
+        serving_venv_dir(), (REQUIREMENTS, SERVING_REQUIREMENTS), SERVING_SMOKE_IMPORT, timeout_s
+    )
 
 
 def run_real_script(python: Path, script: str, timeout_s: float) -> str:
