@@ -19,7 +19,6 @@ import os
 import re
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,22 +28,25 @@ from typing import Any
 import psutil
 
 from benchmarks.common import parser, say, write_result
-from tests.e2e.support import ROOT
+from tests.real_serving.support import (
+    READY_S,
+    InFlight,
+    RealDeployment,
+    serving,
+    tiny_models,
+    wait_running,
+)
+from tests.real_sglang import real_serving_python
 
 _REQUEST = re.compile(r'"(GET|POST) (/[a-z_/]+)[^"]*" \d{3}')
 
 
 def _setup() -> tuple[Path, Path]:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from real_sglang import real_serving_python
-
-    from tests.real_serving.support import tiny_models
-
     python = real_serving_python()
     return python, tiny_models(python)
 
 
-def footprint(dep: Any, daemon_pid: int, window_s: float) -> dict[str, Any]:
+def footprint(dep: RealDeployment, daemon_pid: int, window_s: float) -> dict[str, Any]:
     """(a) Daemon RSS / CPU % and the probe requests the server logged, over `window_s` of serving."""
     log = dep.root / "log" / "real.log"
     mark = len(log.read_text(errors="replace").splitlines())
@@ -72,10 +74,10 @@ def footprint(dep: Any, daemon_pid: int, window_s: float) -> dict[str, Any]:
     }
 
 
-def fault(dep: Any, name: str, inject: Callable[[dict[str, Any]], None], ready_s: float) -> dict[str, Any]:
+def fault(
+    dep: RealDeployment, name: str, inject: Callable[[dict[str, Any]], None], ready_s: float
+) -> dict[str, Any]:
     """Inject one fault on the serving server; time the incident's appearance and the return to serving."""
-    from tests.real_serving.support import InFlight, serving, wait_running
-
     first = dep.wait(serving, timeout=ready_s, what="serving")
     before = (first.get("last_incident") or {}).get("id")
     busy = name in ("collective_hang", "decode_wedge")
@@ -107,8 +109,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser(__doc__)
     p.add_argument("--tp", type=int, default=2, choices=(1, 2))
     args = p.parse_args(argv)
-    from tests.real_serving.support import READY_S, RealDeployment, serving
-
     python, models = _setup()
     report: dict[str, Any] = {"tp": args.tp, "quick": args.quick}
     title = "sglang::scheduler_TP1" if args.tp > 1 else "sglang::scheduler"

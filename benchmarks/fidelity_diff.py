@@ -36,6 +36,8 @@ import psutil
 
 from benchmarks.common import RESULTS
 from tests.e2e.support import ROOT, free_port_block
+from tests.real_serving.support import SCRIPTED, tiny_models
+from tests.real_sglang import real_serving_python
 
 READY_S = 900.0
 HANG_WATCH_S = 25.0
@@ -248,11 +250,6 @@ def _argv(python: str, module: str, model: Path, tp: int, port: int, real: bool)
 
 def run(tps: list[int], sim_only: bool) -> dict[str, Any]:
     """Profiles of both worlds per tp size (the real one skipped with `sim_only`)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from real_sglang import real_serving_python
-
-    from tests.real_serving.support import SCRIPTED, tiny_models
-
     python = real_serving_python()
     model = tiny_models(python) / SCRIPTED
     out: dict[str, Any] = {}

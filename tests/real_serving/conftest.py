@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from real_sglang import RealSglangError, real_serving_python
 
 from tests.real_serving.support import tiny_models
+from tests.real_sglang import RealSglangError, real_serving_python
 
 _HERE = Path(__file__).resolve().parent
 
