@@ -2,8 +2,9 @@
 
 Two venvs live in `$SGLSUP_CACHE_DIR` (default `$XDG_CACHE_HOME/sglang-supervisor`, else
 `~/.cache/sglang-supervisor`): `real-<hash12>/` (the CLI and parsers, keyed by the hash of
-`requirements-real.txt`) and `serving-<hash12>/` (the whole server on CPU: both requirements files plus the
-torchvision stand-in, keyed by the hash of all three). A marker file is written only once the whole install
+`requirements-real.txt`) and `serving-<hash12>/` (the whole server on CPU, keyed by the hash of both
+requirements files and the torchvision stand-in): the serving venv holds only the serving extras and the stand-in,
+and reaches the CLI set through a `.pth` file naming the `real-` venv's site-packages (1.2 GB instead of 3.7). A marker file is written only once the whole install
 succeeded and its smoke import passes, so a half install is redone. An fcntl lock keeps two pytest processes
 from installing the same venv at once.
 """
@@ -86,9 +87,13 @@ def _run(argv: list[str], deadline: float, log: Path) -> None:
         raise RealSglangError(f"exit {done.returncode}: {' '.join(argv)}\n{_tail(output)}")
 
 
+def _site(venv: Path) -> Path:
+    return venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+
+
 def _install_standin(target: Path) -> None:
     """Copy the torchvision stand-in package and its dist-info into the venv's site-packages."""
-    site = target / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    site = _site(target)
     package = site / "torchvision"
     package.mkdir(exist_ok=True)
     shutil.copyfile(STANDIN, package / "__init__.py")
@@ -97,12 +102,17 @@ def _install_standin(target: Path) -> None:
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torchvision\nVersion: {STANDIN_VERSION}\n")
 
 
-def _install(target: Path, requirements: tuple[Path, ...], smoke: str, deadline: float) -> None:
-    """Build the venv from scratch: venv, pinned install (retried once), stand-in, smoke import, marker."""
+def _install(
+    target: Path, requirements: tuple[Path, ...], smoke: str, deadline: float, base: Path | None
+) -> None:
+    """Build the venv from scratch: venv (over `base`'s packages), pinned install (retried once), stand-in,
+    smoke import, marker."""
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     log = target / "install.log"
     _run([sys.executable, "-m", "venv", str(target)], deadline, log)
+    if base is not None:
+        (_site(target) / "_sglsup_real_base.pth").write_text(f"{_site(base)}\n")
     python = target / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "--no-deps", "--no-input"]
     for path in requirements:
@@ -131,7 +141,9 @@ def _lock(path: Path, deadline: float) -> int:
             time.sleep(_LOCK_POLL_S)
 
 
-def _cached_python(target: Path, requirements: tuple[Path, ...], smoke: str, timeout_s: float) -> Path:
+def _cached_python(
+    target: Path, requirements: tuple[Path, ...], smoke: str, timeout_s: float, base: Path | None = None
+) -> Path:
     """The interpreter of the venv at `target`, installing it first under its lock if needed."""
     deadline = time.monotonic() + timeout_s
     python = target / "bin" / "python"
@@ -141,7 +153,7 @@ def _cached_python(target: Path, requirements: tuple[Path, ...], smoke: str, tim
     fd = _lock(target.parent / f"{target.name}.lock", deadline)
     try:
         if not ((target / _MARKER).is_file() and python.exists()):
-            _install(target, requirements, smoke, deadline)
+            _install(target, requirements, smoke, deadline, base)
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
@@ -154,10 +166,11 @@ def real_sglang_python(timeout_s: float = 1500) -> Path:
 
 
 def real_serving_python(timeout_s: float = 2400) -> Path:
-    """The interpreter of the cached serving venv (the whole server on CPU), installing it first if needed."""
-    return _cached_python(
-        serving_venv_dir(), (REQUIREMENTS, SERVING_REQUIREMENTS), SERVING_SMOKE_IMPORT, timeout_s
-    )
+    """The interpreter of the cached serving venv (the whole server on CPU), installing both first if needed."""
+    deadline = time.monotonic() + timeout_s
+    base = real_sglang_python(timeout_s).parent.parent
+    left = max(1.0, deadline - time.monotonic())
+    return _cached_python(serving_venv_dir(), (SERVING_REQUIREMENTS,), SERVING_SMOKE_IMPORT, left, base)
 
 
 def run_real_script(python: Path, script: str, timeout_s: float) -> str:
