@@ -16,6 +16,8 @@ MODULES = [
     "benchmarks.bench_baselines",
     "benchmarks.bench_group",
     "benchmarks.bench_soak",
+    "benchmarks.bench_real",
+    "benchmarks.fidelity_diff",
 ]
 
 
