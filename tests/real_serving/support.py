@@ -187,6 +187,15 @@ class InFlight:
             thread.join(timeout=1)
 
 
+def generate(base_url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """POST /generate to the real server and return its JSON (slow on busy CPUs: the caller sets the timeout)."""
+    req = urllib.request.Request(
+        base_url + "/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return dict(json.loads(resp.read()))
+
+
 def metric(base_url: str, name: str) -> float:
     """The sum of one metric's samples on the server's /metrics (0 when absent)."""
     with urllib.request.urlopen(base_url + "/metrics", timeout=30) as resp:

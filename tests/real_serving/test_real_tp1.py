@@ -22,6 +22,7 @@ from tests.real_serving.support import (
     READY_S,
     InFlight,
     RealDeployment,
+    generate,
     metric,
     pids_alive,
     port_free,
@@ -67,12 +68,7 @@ def test_long_prompt_is_no_incident(dep: RealDeployment) -> None:
     before = dep.wait(serving, timeout=READY_S, what="serving")
     incidents = len(dep.incidents())
     ids = [(i * 7) % 500 + 10 for i in range(3500)]
-    status, body = dep.post(
-        "/generate",
-        {"input_ids": ids, "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}},
-        base=dep.sim_url,
-    )
-    assert status == 200, body
+    body = generate(dep.sim_url, {"input_ids": ids, "sampling_params": {"max_new_tokens": 16}}, timeout_s=600)
     assert body["meta_info"]["prompt_tokens"] == len(ids)
     after = dep.server()
     assert after["state"] == "serving" and after["pid"] == before["pid"]
