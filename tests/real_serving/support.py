@@ -28,10 +28,12 @@ SCRIPTED = "scripted-qwen2.5"  # answers every prompt with get_weather({"city": 
 SCRIPTED_REASONING = "scripted-qwen3"  # the same, and <think>…</think>42 when thinking is on
 READY_S = 900.0  # the real server on 2 busy shared cores: ~30-200 s to ready, per launch
 # Fast probes so the tier costs minutes, not hours; the canary runs once per launch (its period is long).
+# stall_after_s stays above the product default (20): the real server's first forward compiles (torch inductor)
+# and on a busy CPU SGLang's own warmup request makes no token progress for longer than that.
 PROBES: dict[str, Any] = {
     "health_period_s": 2,
     "health_timeout_s": 30,
-    "stall_after_s": 8,
+    "stall_after_s": 30,
     "metrics_period_s": 1,
     "canary_period_s": 3600,
     "canary_timeout_s": 120,
