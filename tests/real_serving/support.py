@@ -153,8 +153,9 @@ def serving(s: dict[str, Any]) -> bool:
 
 
 def port_free(port: int) -> bool:
-    """Nothing listens on 127.0.0.1:`port`."""
+    """Nothing listens on 127.0.0.1:`port` (SO_REUSEADDR, as SGLang's server binds: TIME_WAIT does not count)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

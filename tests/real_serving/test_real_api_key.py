@@ -15,7 +15,7 @@ KEY = "sk-real-serving-test-7f3a9c"
 
 def _not_refused(s: dict[str, Any]) -> bool:
     """Serving yet; a canary refused with 401 fails the wait at once instead of waiting out the deadline."""
-    detail = str((s.get("probes") or {}).get("canary_tool", {}).get("detail", ""))
+    detail = str(((s.get("probes") or {}).get("probes") or {}).get("canary_tool", {}).get("detail", ""))
     assert "401" not in detail, f"the canary was refused: {detail}"
     return serving(s)
 
@@ -38,7 +38,7 @@ def test_api_key_server_serves_and_the_key_never_shows(
     ) as dep:
         dep.start()
         s = dep.wait(_not_refused, timeout=READY_S, what="serving with the key presented")
-        assert s["probes"]["canary_tool"]["values"]["verdict"] == "pass"
+        assert s["probes"]["probes"]["canary_tool"]["values"]["verdict"] == "pass"
         shown = json.dumps(dep.status()) + json.dumps(dep.incidents())
         assert KEY not in shown
         assert KEY not in (tmp_path / "daemon.log").read_text(errors="replace")

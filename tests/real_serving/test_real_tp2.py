@@ -34,7 +34,7 @@ def dep(
 def test_tp2_serves_with_both_canaries_passing(dep: RealDeployment) -> None:
     """tp 2 reaches serving: ranks titled TP0/TP1, config check, reasoning and tool canaries all pass."""
     s = dep.wait(serving, timeout=READY_S, what="serving")
-    probes = s["probes"]
+    probes = s["probes"]["probes"]
     for name in ("config_check", "canary_reasoning", "canary_tool"):
         assert probes[name]["values"]["verdict"] == "pass", probes[name]
     assert dep.ranks(s["pid"]).keys() >= {
@@ -49,7 +49,7 @@ def test_rank_stopped_mid_request_is_a_collective_hang_with_all_reduce_evidence(
     """SIGSTOP of scheduler_TP1 with a request decoding: TP0 waits in all_reduce → collective_hang, relaunched."""
     first = dep.wait(serving, timeout=READY_S, what="serving")
     with InFlight(dep.sim_url, n=1):
-        wait_running(dep.sim_url, 1, timeout=120)
+        wait_running(dep.sim_url, 1, timeout=300)
         dep.ranks(first["pid"])["sglang::scheduler_TP1"].suspend()
         again = dep.wait(
             lambda s: serving(s) and s["pid"] != first["pid"],
