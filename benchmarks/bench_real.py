@@ -36,7 +36,7 @@ from tests.real_serving.support import (
     tiny_models,
     wait_running,
 )
-from tests.real_sglang import real_serving_python
+from tests.support.real_sglang import real_serving_python
 
 _REQUEST = re.compile(r'"(GET|POST) (/[a-z_/]+)[^"]*" \d{3}')
 

@@ -35,9 +35,10 @@ from typing import Any
 import psutil
 
 from benchmarks.common import RESULTS
-from tests.e2e.support import ROOT, free_port_block
 from tests.real_serving.support import SCRIPTED, tiny_models
-from tests.real_sglang import real_serving_python
+from tests.support.daemon import ROOT
+from tests.support.ports import free_port
+from tests.support.real_sglang import real_serving_python
 
 READY_S = 900.0
 HANG_WATCH_S = 25.0
@@ -260,7 +261,7 @@ def run(tps: list[int], sim_only: bool) -> dict[str, Any]:
                 "SGLANG_SIM_STATE_DIR": str(work / f"sim{tp}"),
                 "SGLANG_SIM_SHM_DIR": str(work / f"shm{tp}"),
             }
-            port = free_port_block(3)
+            port = free_port(3)
             sim = Target(
                 "sim",
                 _argv(sys.executable, "simulator.launch_server", model, tp, port, False),
@@ -271,7 +272,7 @@ def run(tps: list[int], sim_only: bool) -> dict[str, Any]:
             out[f"tp{tp}"] = {"sim": observe(sim, tp)}
             if not sim_only:
                 env = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i) for i in range(tp))} if tp > 1 else {}
-                port = free_port_block(3)
+                port = free_port(3)
                 real = Target(
                     "real", _argv(str(python), "sglang.launch_server", model, tp, port, True), env, port, work
                 )

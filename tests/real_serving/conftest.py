@@ -7,16 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.real_serving.support import tiny_models
-from tests.real_sglang import RealSglangError, real_serving_python
-
-_HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test under tests/real_serving as `real_serving`."""
-    for item in items:
-        if _HERE in item.path.parents:
-            item.add_marker(pytest.mark.real_serving)
+from tests.support.real_sglang import RealSglangError, real_serving_python
 
 
 @pytest.fixture(scope="session")

@@ -20,8 +20,8 @@ from typing import Any
 
 import psutil
 
-from tests.e2e.support import Deployment, q, toml_value
-from tests.real_sglang import RealSglangError, cache_root
+from tests.support.daemon import Deployment, q, toml_value
+from tests.support.real_sglang import RealSglangError, cache_root
 
 BUILDER = Path(__file__).resolve().parent / "build_models.py"
 SCRIPTED = "scripted-qwen2.5"  # answers every prompt with get_weather({"city": "Paris"}) in Qwen markup

@@ -17,7 +17,6 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.e2e.support import poll
 from tests.real_serving.support import (
     READY_S,
     InFlight,
@@ -30,6 +29,7 @@ from tests.real_serving.support import (
     serving,
     wait_running,
 )
+from tests.support.wait import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +121,6 @@ def test_sigterm_to_the_daemon_leaves_nothing_running_or_bound(dep: RealDeployme
     assert dep.daemon is not None
     os.kill(dep.daemon.pid, signal.SIGTERM)
     assert dep.daemon.wait(timeout=120) == 0
-    poll(lambda: not dep.ours(), 30, "every process of the real server gone")
+    wait_for(lambda: not dep.ours(), 30, "every process of the real server gone")
     assert not pids_alive(tree)
     assert port_free(dep.port)
