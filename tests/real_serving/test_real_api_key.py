@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.real_serving.support import READY_S, real_deployment, serving
 
 KEY = "sk-real-serving-test-7f3a9c"
@@ -20,10 +18,6 @@ def _not_refused(s: dict[str, Any]) -> bool:
     return serving(s)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the daemon does not yet present the server's --api-key to the canaries and config check (issue 9, item 3)",
-)
 def test_api_key_server_serves_and_the_key_never_shows(
     tmp_path: Path, serving_python: Path, models: Path
 ) -> None:
