@@ -54,7 +54,12 @@ def _s(name: str, words: str, pattern: str, kind: str, tag: str = "") -> Signatu
 CATALOG: tuple[Signature, ...] = (
     # readiness and startup progress (P6: a slow start that logs progress is alive)
     _s("ready", "roll", r"The server is fired up and ready to roll!", READY),
-    _s("init_dist", "distributed", r"Init torch distributed (?:begin|ends)", STARTUP_PROGRESS),
+    _s(
+        "init_dist",
+        "distributed parallel",
+        r"Init (?:torch distributed|parallel) (?:begin|ends)",
+        STARTUP_PROGRESS,
+    ),
     _s("nccl_warmup", "warmup", r"(?:NCCL|RCCL|HCCL)/?\S* warmup completed", STARTUP_PROGRESS),
     _s("load_weight", "weight", r"Load weight (?:begin|end)", STARTUP_PROGRESS),
     _s("shards", "shards", r"Loading \S+ checkpoint shards:\s+\d+%", STARTUP_PROGRESS),

@@ -195,7 +195,7 @@ class Engine:
                 log(
                     f"Prefill batch, #new-seq: {len(new)}, #new-token: {tokens}, #cached-token: 0, token usage: "
                     f"{self.metrics.token_usage:.2f}, #running-req: {len(running) - len(new)}, #queue-req: 0, "
-                    f"cuda graph: False, input throughput (token/s): {tokens / max(step_s, 1e-3):.2f}",
+                    f"#pending-token: 0, cuda graph: False, input throughput (token/s): {tokens / max(step_s, 1e-3):.2f}",
                     "TP0" if self.tp_size > 1 else "",
                 )
         kind, _, fault_name = mode.partition(":")

@@ -175,8 +175,8 @@ def load_model(spec: RankSpec, conn: Connection) -> None:
     p = spec.prefix
     t0 = time.monotonic()
     if spec.tp_rank == 0:
-        log("Init torch distributed begin.", p)
-        log(f"Init torch distributed ends. elapsed={time.monotonic() - t0:.2f} s, mem usage=0.96 GB", p)
+        log("Init parallel begin.", p)  # SGLang 0.5.23's wording (older releases: "Init torch distributed")
+        log(f"Init parallel ends. elapsed={time.monotonic() - t0:.2f} s", p)
         log("Load weight begin. avail mem=138.42 GB", p)
     shards = 8
     for i in range(1, shards + 1):

@@ -18,6 +18,8 @@ MODULES = [
     "benchmarks.bench_soak",
     "benchmarks.bench_false",
     "benchmarks.bench_footprint",
+    "benchmarks.bench_real",
+    "benchmarks.fidelity_diff",
 ]
 
 

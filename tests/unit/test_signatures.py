@@ -190,6 +190,8 @@ REAL_LINES: tuple[tuple[str, str], ...] = (
     ),
     ("Aborted by AbortReq.", "abort_req"),
     ("[2026-07-20 12:25:00 TP0] Pyspy dump for PID 4242", "pyspy_dump"),
+    ("[2026-12-01 01:28:40 TP0] Init parallel begin.", "init_dist"),  # SGLang 0.5.23
+    ("[2026-12-01 01:28:41 TP0] Init parallel ends. elapsed=0.81 s", "init_dist"),
 )
 
 ORDINARY_LINES = (

@@ -1,0 +1,168 @@
+"""Figures on the real SGLang 0.5.23 server (CPU, the tiny scripted model): detection, recovery, footprint, load.
+
+One daemon supervises one real server (tp 2 by default; gloo collectives). In order, on the same deployment:
+(a) footprint: the daemon's RSS and CPU % sampled every second while it supervises the serving server, and the
+probe load (requests per minute the server logs from the daemon: /health, /metrics, canaries);
+(b) faults, each followed by the relaunch to serving: SIGKILL of `scheduler_TP1` (crash), SIGKILL of the main
+process (crash), SIGSTOP of `scheduler_TP1` with a request decoding (collective_hang), SIGSTOP of every rank with
+requests decoding (decode_wedge). Per fault: seconds from the injection until `/status` shows the incident
+(outside view), the daemon's own `detection_latency_s` and `time_to_serving_s`, and the kind it diagnosed.
+Figures only; nothing asserted. Needs the serving venv and the models (built by the real-serving tier).
+
+    .venv/bin/python -m benchmarks.bench_real [--quick] [--tp 1|2]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from benchmarks.common import parser, say, write_result
+from tests.real_serving.support import (
+    READY_S,
+    InFlight,
+    RealDeployment,
+    serving,
+    tiny_models,
+    wait_running,
+)
+from tests.support.real_sglang import real_serving_python
+
+_REQUEST = re.compile(r'"(GET|POST) (/[a-z_/]+)[^"]*" \d{3}')
+
+
+def _setup() -> tuple[Path, Path]:
+    python = real_serving_python()
+    return python, tiny_models(python)
+
+
+def footprint(dep: RealDeployment, daemon_pid: int, window_s: float) -> dict[str, Any]:
+    """(a) Daemon RSS / CPU % and the probe requests the server logged, over `window_s` of serving."""
+    log = dep.root / "log" / "real.log"
+    mark = len(log.read_text(errors="replace").splitlines())
+    proc = psutil.Process(daemon_pid)
+    proc.cpu_percent(None)
+    rss: list[float] = []
+    cpu: list[float] = []
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < window_s:
+        time.sleep(1.0)  # the sampling period
+        cpu.append(proc.cpu_percent(None))
+        rss.append(proc.memory_info().rss / 2**20)
+    elapsed = time.monotonic() - t0
+    counts: dict[str, int] = {}
+    for line in log.read_text(errors="replace").splitlines()[mark:]:
+        found = _REQUEST.search(line)
+        if found:
+            key = f"{found.group(1)} {found.group(2)}"
+            counts[key] = counts.get(key, 0) + 1
+    return {
+        "window_s": round(elapsed, 1),
+        "rss_mib": {"median": round(statistics.median(rss), 1), "max": round(max(rss), 1)},
+        "cpu_percent": {"mean": round(statistics.fmean(cpu), 2), "max": round(max(cpu), 1)},
+        "probe_requests_per_min": {k: round(v * 60 / elapsed, 1) for k, v in sorted(counts.items())},
+    }
+
+
+def fault(
+    dep: RealDeployment, name: str, inject: Callable[[dict[str, Any]], None], ready_s: float
+) -> dict[str, Any]:
+    """Inject one fault on the serving server; time the incident's appearance and the return to serving."""
+    first = dep.wait(serving, timeout=ready_s, what="serving")
+    before = (first.get("last_incident") or {}).get("id")
+    busy = name in ("collective_hang", "decode_wedge")
+    with InFlight(dep.sim_url, n=2) if busy else contextlib.nullcontext():
+        if busy:
+            wait_running(dep.sim_url, 1, timeout=120)
+        t0 = time.monotonic()
+        inject(first)
+        seen = dep.wait(
+            lambda s: (s.get("last_incident") or {}).get("id") not in (None, before),
+            timeout=ready_s,
+            what=name,
+        )
+        outside = time.monotonic() - t0
+        again = dep.wait(lambda s: serving(s) and s["pid"] != first["pid"], timeout=ready_s, what="serving")
+    incident = again["last_incident"]
+    return {
+        "injected": name,
+        "diagnosed": seen["last_incident"]["fault"],
+        "seen_in_status_s": round(outside, 2),
+        "detection_latency_s": incident.get("detection_latency_s"),
+        "time_to_serving_s": incident.get("time_to_serving_s"),
+        "outside_to_serving_s": round(time.monotonic() - t0, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run (a) and (b) and print the figures."""
+    p = parser(__doc__)
+    p.add_argument("--tp", type=int, default=2, choices=(1, 2))
+    args = p.parse_args(argv)
+    python, models = _setup()
+    report: dict[str, Any] = {"tp": args.tp, "quick": args.quick}
+    title = "sglang::scheduler_TP1" if args.tp > 1 else "sglang::scheduler"
+    with tempfile.TemporaryDirectory(prefix="sglsup-bench-real-") as tmp:
+        dep = RealDeployment(Path(tmp), tp=args.tp, python=python, models=models, parsers=("qwen", None))
+        try:
+            daemon = dep.start()
+            dep.wait(serving, timeout=READY_S, what="serving")
+            report["footprint"] = footprint(dep, daemon.pid, 20.0 if args.quick else 60.0)
+            say(f"footprint {report['footprint']}")
+
+            def stop_all(s: dict[str, Any]) -> None:
+                for t, proc in dep.ranks(s["pid"]).items():
+                    if t.startswith("sglang::scheduler"):
+                        proc.suspend()
+
+            plan: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
+                ("rank_sigkill", lambda s: dep.ranks(s["pid"])[title].kill()),
+                ("main_sigkill", lambda s: os.kill(s["pid"], signal.SIGKILL)),
+                ("decode_wedge", stop_all),
+            ]
+            if args.tp > 1:
+                plan.append(("collective_hang", lambda s: dep.ranks(s["pid"])[title].suspend()))
+            report["faults"] = []
+            for name, inject in plan[: 2 if args.quick else None]:
+                report["faults"].append(fault(dep, name, inject, READY_S))
+                say(f"fault {report['faults'][-1]}")
+        except (AssertionError, OSError, psutil.Error, KeyError) as exc:
+            report["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        finally:
+            dep.cleanup()
+    write_result("real", report)
+    print_report(report)
+    return report
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """One line per figure."""
+    fp = report.get("footprint")
+    if fp:
+        print(
+            f"footprint (tp {report['tp']}): daemon RSS median {fp['rss_mib']['median']} MiB, CPU "
+            f"{fp['cpu_percent']['mean']} % mean (max {fp['cpu_percent']['max']}) over {fp['window_s']} s; "
+            f"probe load per minute: {fp['probe_requests_per_min']}"
+        )
+    for f in report.get("faults", []):
+        print(
+            f"{f['injected']:16} diagnosed {f['diagnosed']:16} seen in /status after {f['seen_in_status_s']} s, "
+            f"detection latency {f['detection_latency_s']} s, serving again after {f['outside_to_serving_s']} s "
+            f"(daemon: {f['time_to_serving_s']} s)"
+        )
+    if "error" in report:
+        print(f"error: {report['error']}")
+
+
+if __name__ == "__main__":
+    main()
