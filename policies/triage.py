@@ -182,7 +182,12 @@ def triage(window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, n
         fault = diagnose(window, ctx, now, only={FaultKind.HEALTH_UNRESPONSIVE})
         return Triage(fault=fault)
     if phase == "starting":
-        fault = diagnose(window, ctx, now, only=STARTING_FAULTS)
+        # before the first /health 200 the warmup's first forward (compiling) may outlast the stall window:
+        # only startup_stalled judges that phase, besides a parser failure and a fatal GPU error
+        counted = (
+            STARTING_FAULTS if ctx.healthy_once else STARTING_FAULTS - STARTUP_WEDGES | {FaultKind.GPU_FAULT}
+        )
+        fault = diagnose(window, ctx, now, only=counted)
         if fault is not None and not (advisory and fault.kind == FaultKind.PARSER_MISCONFIG):
             return Triage(fault=fault)
         health = _latest(window, "health")

@@ -110,15 +110,20 @@ async def probe_stacks(pids: dict[int, str], budget_s: float) -> Observation:
             "stack": main[:12],
             "error": error or None,
         }
-    seen = {r["collective"] for r in ranks.values() if r["collective"]}
-    dumped = [r for r in ranks.values() if not r["error"]]
+    # the detokenizer and tokenizer never join a collective: only scheduler ranks say where TP is blocked
+    schedulers = {t: r for t, r in ranks.items() if "scheduler" in t} or ranks
+    seen = {r["collective"] for r in schedulers.values() if r["collective"]}
+    dumped = [r for r in schedulers.values() if not r["error"]]
     diverging = len(seen) > 1
     all_in = next(iter(seen)) if len(seen) == 1 and all(r["collective"] for r in dumped) and dumped else None
     end = time.monotonic()
     if diverging:
         detail = "ranks diverged: " + ", ".join(f"{t}={r['collective']}" for t, r in sorted(ranks.items()))
     elif all_in:
-        detail = f"all {len(dumped)} ranks in {all_in}"
+        unreadable = len(schedulers) - len(dumped)
+        detail = f"all {len(dumped)} readable ranks in {all_in}" + (
+            f", {unreadable} unreadable" if unreadable else ""
+        )
     else:
         detail = f"{len(dumped)}/{len(ranks)} ranks dumped, no common collective"
     values: StacksValues = {

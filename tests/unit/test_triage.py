@@ -149,3 +149,11 @@ def test_stream_leak_is_alert_only_whatever_the_budget_says() -> None:
     fault = Fault("stream_leak", {}, 0.9, "leak", False, NOW)
     spent = tuple(NOW - i for i in range(1, 7))
     assert plan(fault, _facts(restarts=spent), NOW).plan.action == "alert"
+
+
+def test_no_wedge_before_the_first_200_while_starting() -> None:
+    """A warmup forward that outlasts the stall window before /health ever said 200 is left to startup_stalled."""
+    stalled = obs("progress", stalled_s=999.0, work=True, work_reasons=["num_running_reqs"])
+    assert triage([stalled], TreeFacts(), facts("starting"), NOW).fault is None
+    after = triage([obs("health", status=200), stalled], TreeFacts(), facts("starting"), NOW)
+    assert after.fault is not None and after.fault.kind == "decode_wedge"
