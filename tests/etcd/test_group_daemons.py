@@ -83,6 +83,24 @@ def test_a_rank_killed_on_node_1_restarts_both_nodes_with_one_bump(
     assert n0.status()["servers"][0]["fallback"]["rung"] == n1.status()["servers"][0]["fallback"]["rung"]
 
 
+def test_both_daemons_detecting_at_once_still_bump_once(
+    pair: tuple[GroupDeployment, GroupDeployment],
+) -> None:
+    """A rank killed on each node in the same instant: both daemons see a crash and race; one generation bump."""
+    n0, n1 = pair
+    n0.wait(lambda s: bool(n0.group()["group_up"]), READY_S, "node 0 seeing both nodes up")
+    before = (n0.server()["pid"], n1.server()["pid"])
+    kill_rank(n0, "sglang::scheduler_TP1")
+    kill_rank(n1, "sglang::scheduler_TP3")
+    for n in (n0, n1):
+        n.wait(
+            lambda s: s["state"] == "serving" and s["pid"] not in before,
+            READY_S,
+            "each node relaunched and serving",
+        )
+    assert n0.group()["generation"] == n1.group()["generation"] == 2
+
+
 def test_a_killed_node_1_daemon_restarts_the_group_when_it_returns(
     pair: tuple[GroupDeployment, GroupDeployment],
 ) -> None:
