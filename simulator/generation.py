@@ -148,7 +148,7 @@ class Generation:
         body = await read_json(request)
         if isinstance(body, web.Response):
             return body
-        parsed = parse_chat_request(body, self.args.served_name)
+        parsed = parse_chat_request(body)
         if isinstance(parsed, ApiError):
             return web.json_response(parsed.body, status=parsed.status)
         prompt_tokens = max(1, len(json.dumps(body.get("messages", []))) // 4)

@@ -227,7 +227,7 @@ def _cuda_graph_disabled(args: SimServerArgs) -> bool:
 
 def run(args: SimServerArgs) -> NoReturn:
     """Launch, load, serve until a signal or a crash ends the process."""
-    log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in args.server_info().items())})")
+    log(f"server_args={args.server_info()!r}")
     launch = Launch(args)
     try:
         launch.faults.arm_launch(os.environ.get("SGLANG_SIM_SCENARIO", ""))

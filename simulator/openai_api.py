@@ -12,7 +12,6 @@ from simulator.families import ChatRequest
 from simulator.parsers.base import ParsedMessage
 
 DEFAULT_MAX_TOKENS = 2048
-_DEFAULT_MODEL = "default"
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _CHOICES = frozenset({"auto", "required", "none"})
 
@@ -72,20 +71,11 @@ def _number(body: dict[str, Any], key: str, default: float, low: float, high: fl
     return float(value)
 
 
-def parse_chat_request(body: object, served_model_name: str) -> ChatRequest | ApiError:
+def parse_chat_request(body: object) -> ChatRequest | ApiError:
     """Validate a decoded /v1/chat/completions body as SGLang does; a ChatRequest or the error to send."""
     if not isinstance(body, dict):
         return _bad("The request body must be a JSON object.")
-    model = body.get("model", _DEFAULT_MODEL)
-    if model not in (served_model_name, _DEFAULT_MODEL):
-        message = f"The model '{model}' does not exist"
-        error = {
-            "message": message,
-            "type": "invalid_request_error",
-            "param": "model",
-            "code": "model_not_found",
-        }
-        return ApiError(404, {"error": error})
+    # SGLang 0.5.23 serves one model and ignores the request's model name (it answers 200 for any name)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return _bad("Messages cannot be empty.", "messages")

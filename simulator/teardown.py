@@ -121,7 +121,7 @@ class Crash:
         if self.tearing_down:
             return
         self.tearing_down = True
-        log(f"SIGQUIT received. signum={signal.SIGQUIT}, frame=None. It usually means one child failed.")
+        log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
         self._crash_dump()
         self._leak_if_armed()
         self.launch.publish_stopped()

@@ -130,7 +130,7 @@ def test_killed_rank_tears_down_the_tree_after_the_crash_delay(tmp_path: Path) -
         sim.wait_log(
             rf"Subprocess scheduler_1 \(pid={victim.pid}\) crashed with exit code -9\. Triggering SIGQUIT for cleanup"
         )
-        sim.wait_log(r"SIGQUIT received\. signum=3.*It usually means one child failed\.")
+        sim.wait_log(r"SIGQUIT received\. signum=None.*It usually means one child failed\.")
         sim.wait_log("Sleeping 5 seconds before crash diagnostics to let GPU activity settle.")
         with pytest.raises(TimeoutError):
             http(sim.base_url + "/ping", timeout=1.0)  # the dump blocks the event loop

@@ -117,7 +117,7 @@ REAL_LINES: tuple[tuple[str, str], ...] = (
         "sigquit_child",
     ),
     (
-        "[2026-07-20 12:20:01] SIGQUIT received. signum=3, frame=None. It usually means one child failed.",
+        "[2026-07-20 12:20:01] SIGQUIT received. signum=None, frame=None. It usually means one child failed.",
         "sigquit",
     ),
     (
@@ -197,7 +197,7 @@ REAL_LINES: tuple[tuple[str, str], ...] = (
 ORDINARY_LINES = (
     '[2026-07-20 12:00:00] INFO:     127.0.0.1:51234 - "GET /health HTTP/1.1" 200 OK',
     '[2026-07-20 12:00:00] INFO:     127.0.0.1:51234 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
-    "[2026-07-20 12:00:00] server_args=ServerArgs(model_path='moonshotai/Kimi-K2.5', tp_size=8)",
+    "[2026-07-20 12:00:00] server_args={'model_path': 'moonshotai/Kimi-K2.5', 'tp_size': 8}",
     "[Tue Jul 21 03:12:44 2026] NVRM: Xid (PCI:0000:48:00): 13, pid=1234, Graphics Exception",
     "",
 )
