@@ -7,6 +7,8 @@ unit tests pass a fake with the same methods, so the loop's every transition run
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from supervisor.host.gpu import GpuBackend
 from supervisor.host.launcher import SpawnFailed
 from supervisor.host.proctree import ProcId, TreeEvent, TreeSnapshot
 from supervisor.host.release import ReleaseReport, stop_and_release
+from supervisor.loop.clock import Clock
 from supervisor.records.incident import Incident
 
 
@@ -94,6 +97,8 @@ class Host(Protocol):
 
     async def find_marked(self, marker: str) -> list[ProcId]: ...
 
+    async def wait_exit(self, pids: Sequence[int], timeout: float, clock: Clock) -> None: ...
+
     async def foreign_port_holders(self, cfg: ServerConfig) -> list[str]: ...
 
     async def release(
@@ -147,6 +152,34 @@ class RealHost:
         if quick is not None:
             return quick, []  # every known rank and the main process still run: nothing changed
         return await asyncio.to_thread(proctree.poll_tree, previous, main_pid, run_id, list(titles))
+
+    async def wait_exit(self, pids: Sequence[int], timeout: float, clock: Clock) -> None:
+        """Sleep `timeout`, but wake as soon as one of `pids` exits (pidfds: a crash is seen at once, not at the
+        next tick). A pid already gone returns at once; where pidfds are unavailable this is a plain sleep."""
+        aio = asyncio.get_running_loop()
+        woke: asyncio.Future[None] = aio.create_future()
+        fds: list[int] = []
+
+        def wake() -> None:
+            if not woke.done():
+                woke.set_result(None)
+
+        try:
+            for pid in pids:
+                try:
+                    fd = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    return
+                except OSError:
+                    continue
+                fds.append(fd)
+                aio.add_reader(fd, wake)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woke, timeout)
+        finally:
+            for fd in fds:
+                aio.remove_reader(fd)
+                os.close(fd)
 
     async def find_marked(self, marker: str) -> list[ProcId]:
         """Processes carrying this server's marker (an earlier run's leftovers)."""

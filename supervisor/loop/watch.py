@@ -173,7 +173,8 @@ class Watch:
             outcome = await self.tick(run)
             if outcome is not None:
                 return outcome
-            await clock.sleep(loop.svc.config.supervisor.tick_s)
+            pids = [run.pid, *self.rank_pids()]
+            await loop.svc.host.wait_exit(pids, loop.svc.config.supervisor.tick_s, clock)
 
     async def tick(self, run: Any) -> Outcome | None:
         """One observe → triage → act step."""
@@ -181,8 +182,11 @@ class Watch:
         assert self.monitor is not None
         now = loop.clock.monotonic()
         self.tree, events = await loop.svc.host.poll_tree(self.tree, run.pid, loop.run_id, self.titles())
-        self._record(await self.monitor.tick(now))
+        new = await self.monitor.tick(now)
+        self._record(new)
         losses = self._losses(events)
+        if not new and not losses:
+            return None  # nothing new to triage: every rule's inputs are unchanged (time rules wait ≤ a probe period)
         if losses:
             await loop.clock.sleep(LOG_SETTLE_S)
         facts = ServerFacts(

@@ -164,6 +164,9 @@ class FakeHost:
     async def find_marked(self, marker: str) -> list[ProcId]:
         return list(self.leftovers)
 
+    async def wait_exit(self, pids: Sequence[int], timeout: float, clock: Any) -> None:
+        await clock.sleep(timeout)
+
     async def foreign_port_holders(self, cfg: Any) -> list[str]:
         return list(self.foreign)
 
