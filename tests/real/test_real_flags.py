@@ -44,7 +44,7 @@ def example_argvs() -> dict[str, list[str]]:
     argvs: dict[str, list[str]] = {}
     for path in EXAMPLES:
         for server in tomllib.loads(path.read_text())["servers"]:
-            if server["role"] == "router":
+            if server.get("role", "unified") == "router":
                 continue
             args = server.get("args", [])
             name = f"{path.stem}/{server['name']}"
