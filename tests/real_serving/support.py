@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -139,13 +140,35 @@ class RealDeployment(Deployment):
 
 
 @contextlib.contextmanager
-def real_deployment(root: Path, **kw: Any) -> Iterator[RealDeployment]:
-    """A real deployment that is always cleaned up."""
-    dep = RealDeployment(root, **kw)
+def one_real_server_at_a_time(timeout_s: float = 3600) -> Iterator[None]:
+    """An fcntl lock across pytest workers: a real server at a time (two on 2 cores starve each other)."""
+    lock = cache_root() / "real-serving.run.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout_s
     try:
-        yield dep
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"another worker held {lock} for {timeout_s:.0f} s") from None
+                time.sleep(0.5)
+        yield
     finally:
-        dep.cleanup()
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def real_deployment(root: Path, **kw: Any) -> Iterator[RealDeployment]:
+    """A real deployment that is always cleaned up; one runs at a time across workers."""
+    with one_real_server_at_a_time():
+        dep = RealDeployment(root, **kw)
+        try:
+            yield dep
+        finally:
+            dep.cleanup()
 
 
 def serving(s: dict[str, Any]) -> bool:
