@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.daemon import Deployment, deployment
+from tests.support.daemon import Deployment, PdDeployment, deployment
 
 # the log event after which the daemon is killed: at detection (forensics next), after the release, after relaunch
 STEPS = {
@@ -51,3 +51,30 @@ def test_daemon_sigkilled_mid_recovery_and_restarted(tmp_path: Path, step: str) 
         assert crash, "the crash is in the journal"
         if step != "right_after_relaunch":  # after the relaunch the first daemon had nothing left to do
             assert any("mid-recovery" in i["reason"] and i["recovered_at"] for i in crash), crash
+
+
+def test_daemon_sigkilled_during_a_pd_ordered_restart(tmp_path: Path) -> None:
+    """SIGKILL while a relaunched prefill's decode restart is under way: the new daemon brings all three back once."""
+    dep = PdDeployment(tmp_path)
+    try:
+        daemon = dep.start()
+        first = dep.wait_all(lambda s: all(v["state"] == "serving" for v in s.values()), what="all serving")
+        os.kill(first["prefill"]["pid"], signal.SIGKILL)
+        dep.wait_all(
+            lambda s: _events(dep, "pd.restart_decode") >= 1, timeout=120, what="the ordered restart"
+        )
+        os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait(timeout=10)
+        dep.start()
+        after = dep.wait_all(
+            lambda s: (
+                all(v["state"] == "serving" and v["pid"] for v in s.values())
+                and all(s[n]["pid"] != first[n]["pid"] for n in ("prefill", "decode"))
+            ),
+            timeout=180,
+            what="all three serving under the new daemon",
+        )
+        mains = [p for p in dep.ours() if "launch_server" in " ".join(p.cmdline())]
+        assert sorted(p.pid for p in mains) == sorted([after["prefill"]["pid"], after["decode"]["pid"]])
+    finally:
+        dep.cleanup()
