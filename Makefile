@@ -24,9 +24,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy supervisor probes policies simulator benchmarks
 
-# The e2e tier mostly waits on servers, so four workers fit two cores (tests/conftest.py orders and groups them).
+# The e2e tier mostly waits on servers, so four workers fit two cores (tests/conftest.py orders them); the
+# real-serving tier then runs alone, one real SGLang server at a time.
 test: lint typecheck
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --ignore=tests/real_serving $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/real_serving $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)

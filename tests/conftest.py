@@ -3,8 +3,8 @@
 A test outside a tier folder, or marked with another tier than its folder's, stops the run, so `-m unit`
 always selects exactly tests/unit/. A new tier is a folder plus its marker registered in pyproject.toml.
 Tiers run slowest first (the order of TIERS), so parallel workers (`make test`) take the long waits first
-and finish together; a tier in ONE_WORKER shares one heavy resource (the real SGLang's imports, a GPU) and runs
-on a single worker (`--dist loadgroup`) while the others take the rest.
+and finish together. The real-serving tier runs after the others, in one process (`make test`): its real servers
+would starve each other on two cores.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("e2e", "real_serving", "etcd", "hardening", "real", "process", "unit")
-ONE_WORKER = ("real", "real_serving")
 
 
 def tier_of(path: Path) -> str | None:
@@ -36,6 +35,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if other:
             raise pytest.UsageError(f"{item.nodeid} is marked {other} but lives in tests/{tier}/")
         item.add_marker(getattr(pytest.mark, tier))
-        if tier in ONE_WORKER:
-            item.add_marker(pytest.mark.xdist_group(tier))
     items.sort(key=lambda item: TIERS.index(tier_of(item.path) or TIERS[-1]))
