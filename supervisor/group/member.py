@@ -125,9 +125,8 @@ class GroupMember:
         """Stop the tasks; with `revoke`, drop the lease so the other nodes see this node leave at once."""
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            await asyncio.wait(self._tasks)
         self._tasks = []
         if revoke and self.lease:
             with contextlib.suppress(EtcdUnavailable):

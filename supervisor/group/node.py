@@ -9,7 +9,6 @@ of relaunching alone; while etcd is unreachable the fault is kept and bumped whe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -89,8 +88,8 @@ class GroupNode:
             await asyncio.wait({waiter, woken}, return_when=asyncio.FIRST_COMPLETED)
             for task in (waiter, woken):
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            # asyncio.wait never raises a task's own cancellation, so a cancel of run() itself still ends it
+            await asyncio.wait({waiter, woken})
             self._wake.clear()
 
     async def step(self) -> None:

@@ -48,8 +48,7 @@ class LoopServer:
         loop = self.loop
         if self.watching is not None:
             self.watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.watching
+            await asyncio.wait({self.watching})  # a cancel of release() itself still propagates
             self.watching = None
         if loop.state not in (S.STOPPED, S.RECOVERING, S.FAILED, S.BACKOFF):
             loop.transition(S.RECOVERING, f"group generation {self._next()}: {self._why()}")
