@@ -250,6 +250,7 @@ def _collective_hang(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | No
                 onset=onset,
                 stacks=frames,
                 progress=stall,
+                gpu_spin=_spinning(w),  # supporting evidence when the GPUs spin too
             )
     spin = _spinning(w) if full else _spinning(w, now - ctx.settings.stall_after_s * STRONG_STALL_FRACTION)
     if spin:

@@ -62,7 +62,7 @@ def test_info_model_list_generate_flush_loads_and_metrics(tmp_path: Path) -> Non
 
 
 def test_no_metrics_flag_and_bad_input_get_sglang_codes(tmp_path: Path) -> None:
-    """No --enable-metrics: /metrics 404; malformed JSON, wrong type, unknown model, oversize: 400/404/413."""
+    """No --enable-metrics: /metrics 404; malformed JSON, wrong type, oversize: 400/413; any model name is served."""
     with launched_sim(tmp_path, *PARSERS) as sim:
         missing = sim.get("/metrics")
         assert (missing.status, missing.json()) == (404, {"detail": "Not Found"})
@@ -75,7 +75,7 @@ def test_no_metrics_flag_and_bad_input_get_sglang_codes(tmp_path: Path) -> None:
         assert wrong_type.status == 400 and wrong_type.json()["object"] == "error"
         msg = [{"role": "user", "content": "hi"}]
         unknown = http(chat, "POST", {"model": "nope", "messages": msg})
-        assert unknown.status == 404 and "model_not_found" in unknown.body.decode()
+        assert unknown.status == 200, "SGLang 0.5.23 ignores the request's model name"
         long_prompt = [{"role": "user", "content": "word " * 140_000}]
         too_long = http(chat, "POST", {"model": "Qwen/Qwen3-8B", "messages": long_prompt})
         assert too_long.status == 400
