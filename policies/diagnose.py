@@ -46,6 +46,7 @@ from policies.model import (
     ranks_values,
     stacks_values,
 )
+from policies.window import Window
 
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95})
 STRONG_STALL_FRACTION = 0.25  # of stall_after_s: a stall this long with strong hang evidence is a hang
@@ -77,37 +78,6 @@ class DiagnoseContext:
     healthy_once: bool = False  # /health answered 200 in this launch: a death now is a crash, not a startup
 
 
-class _Window:
-    def __init__(self, observations: Sequence[Observation]) -> None:
-        self.by_probe: dict[str, list[Observation]] = {}
-        for obs in sorted(observations, key=lambda o: o.at):
-            self.by_probe.setdefault(obs.probe, []).append(obs)
-
-    def all(self, probe: str) -> list[Observation]:
-        return self.by_probe.get(probe, [])
-
-    def latest(self, probe: str) -> Observation | None:
-        found = self.by_probe.get(probe)
-        return found[-1] if found else None
-
-    def hits(self, kind: str) -> list[tuple[float, dict[str, Any]]]:
-        return [
-            (o.at, dict(h))
-            for o in self.all("logs")
-            for h in logs_values(o).get("hits", ())
-            if h.get("kind") == kind
-        ]
-
-    def last_progress_at(self) -> float | None:
-        progress, logs = self.latest("progress"), self.latest("logs")
-        times = [
-            progress_values(progress).get("last_progress_at") if progress else None,
-            logs_values(logs).get("last_progress_at") if logs else None,
-        ]
-        known = [float(t) for t in times if t is not None]
-        return max(known) if known else None
-
-
 def _fault(
     kind: str,
     reason: str,
@@ -120,7 +90,7 @@ def _fault(
     return Fault(kind, {**evidence, "tags": tags}, confidence, reason, restart, onset)
 
 
-def _log_fault(w: _Window, kind: str, confidence: float, as_kind: str | None = None) -> Fault | None:
+def _log_fault(w: Window, kind: str, confidence: float, as_kind: str | None = None) -> Fault | None:
     hits = w.hits(kind)
     if not hits:
         return None
@@ -135,7 +105,7 @@ def _log_fault(w: _Window, kind: str, confidence: float, as_kind: str | None = N
     )
 
 
-def _gpu_fault(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+def _gpu_fault(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     for obs in reversed(w.all("gpu")):
         fatal = [x for x in gpu_values(obs).get("xids", ()) if int(x.get("xid", 0)) in FATAL_XIDS]
         if fatal:
@@ -149,11 +119,11 @@ def _gpu_fault(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     return _log_fault(w, "gpu_fault", 0.9)
 
 
-def _oom(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+def _oom(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     return _log_fault(w, "oom", 0.9)
 
 
-def _crash(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+def _crash(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     starting = ctx.phase == "starting" and not ctx.healthy_once
     kind = "startup_failure" if starting else "crash"
     ranks = w.latest("ranks")
@@ -188,11 +158,11 @@ def _crash(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     return None
 
 
-def _startup_failure(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+def _startup_failure(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     return _log_fault(w, "startup_failure", 0.9)
 
 
-def _stalled(w: _Window, ctx: DiagnoseContext, fraction: float = 1.0) -> Observation | None:
+def _stalled(w: Window, ctx: DiagnoseContext, fraction: float = 1.0) -> Observation | None:
     progress = w.latest("progress")
     after = ctx.settings.stall_after_s * fraction
     if progress is None or progress_values(progress).get("stalled_s", 0.0) < after:
@@ -204,7 +174,7 @@ def _stall_onset(progress: Observation) -> float:
     return progress.at - float(progress_values(progress).get("stalled_s", 0.0))
 
 
-def _spinning(w: _Window, since: float | None = None) -> list[int]:
+def _spinning(w: Window, since: float | None = None) -> list[int]:
     """GPUs spinning in the latest reading; with `since`, in every reading from then on (at least two)."""
     gpu = w.latest("gpu")
     spin = list(gpu_values(gpu).get("spin", ())) if gpu else []
@@ -215,7 +185,7 @@ def _spinning(w: _Window, since: float | None = None) -> list[int]:
     return spin if steady else []
 
 
-def _collective_hang(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     logged = _log_fault(w, "collective_hang", 0.9)
     if logged is not None:
         return logged
@@ -265,7 +235,7 @@ def _collective_hang(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | No
     return None
 
 
-def _pd_wedge(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+def _pd_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     if ctx.role != "decode":
         return None
     progress = w.latest("progress")
@@ -285,7 +255,7 @@ def _pd_wedge(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     )
 
 
-def _decode_wedge(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+def _decode_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     progress = _stalled(w, ctx)
     if progress is not None:
         v = progress_values(progress)
@@ -308,7 +278,7 @@ def _decode_wedge(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     return _log_fault(w, "decode_wedge", 0.8)
 
 
-def _parser(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+def _parser(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     for probe in ("config_check", "canary_tool", "canary_reasoning"):
         obs = w.latest(probe)
         if obs is not None and canary_values(obs).get("verdict") == "fail":
@@ -323,7 +293,7 @@ def _parser(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     return None
 
 
-def _unresponsive(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+def _unresponsive(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     if ctx.phase == "starting":
         return None
     failing: list[Observation] = []
@@ -351,7 +321,7 @@ def _unresponsive(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     )
 
 
-def _startup_stalled(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+def _startup_stalled(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     """While starting: no progress line for `startup_silence_s`, or the budget (extended by progress) spent.
 
     Progress is the newest of a startup log line (shards, graph capture, JIT) and the metrics lease.
@@ -382,7 +352,7 @@ def _startup_stalled(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | No
     return None
 
 
-def _stream_leak(w: _Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+def _stream_leak(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     obs = w.latest("canary_stream")
     if obs is None or canary_values(obs).get("verdict") != "fail":
         return None
@@ -422,7 +392,7 @@ def diagnose(
     With `only`, faults of other kinds are passed over (the phase rules of `policies.triage`), so a kind that
     does not count in this phase never masks one that does.
     """
-    window = _Window(observations)
+    window = Window(observations)
     for rule in _RULES:
         fault = rule(window, ctx, now)
         if fault is not None and (only is None or fault.kind in only):
