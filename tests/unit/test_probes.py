@@ -380,6 +380,14 @@ async def test_monitor_schedules_canary_after_first_200(fake: tuple[FakeServer, 
         await monitor.aclose()
 
 
+def _bare_monitor(url: str, settings: ProbeSettings) -> Monitor:
+    """A monitor of the fake server with no tree, GPU or log readers."""
+    return Monitor(
+        server="s", role="unified", base_url=url, model="m", settings=settings,
+        tree=TreeView, gpu=None, log_lines=list, pids_for_stacks=dict,
+    )  # fmt: skip
+
+
 async def _drive_fake_time(monitor: Monitor, ticks: int, step_s: float) -> None:
     """Tick the monitor with a synthetic clock `step_s` apart, letting its probe tasks finish between ticks."""
     now = asyncio.get_running_loop().time()
@@ -395,10 +403,7 @@ async def test_stream_canary_period_zero_means_off(fake: tuple[FakeServer, str])
         expected_tool_parser="kimi_k2", canary_period_s=5, stream_canary_period_s=0,
         stream_canary_concurrency=4, canary_timeout_s=5, health_timeout_s=5,
     )  # fmt: skip
-    monitor = Monitor(
-        server="s", role="unified", base_url=url, model="m", settings=settings,
-        tree=TreeView, gpu=None, log_lines=list, pids_for_stacks=dict,
-    )  # fmt: skip
+    monitor = _bare_monitor(url, settings)
     try:
         await _drive_fake_time(monitor, 40, 5.0)
         probes = monitor.snapshot()["probes"]
@@ -413,10 +418,7 @@ async def test_canary_mode_off_sends_no_canary(fake: tuple[FakeServer, str]) -> 
     """`canary_mode = "off"`: /health and /metrics only, never a chat completion."""
     server, url = fake
     settings = ProbeSettings(canary_mode="off", canary_period_s=5, health_timeout_s=5)
-    monitor = Monitor(
-        server="s", role="unified", base_url=url, model="m", settings=settings,
-        tree=TreeView, gpu=None, log_lines=list, pids_for_stacks=dict,
-    )  # fmt: skip
+    monitor = _bare_monitor(url, settings)
     try:
         await _drive_fake_time(monitor, 20, 5.0)
         assert "/health" in server.requests
@@ -433,10 +435,7 @@ async def test_first_stream_canary_runs_soon_after_the_first_pass(fake: tuple[Fa
         expected_tool_parser="kimi_k2", stream_canary_first_s=10, stream_canary_period_s=1800,
         stream_canary_concurrency=2, canary_timeout_s=5, health_timeout_s=5,
     )  # fmt: skip
-    monitor = Monitor(
-        server="s", role="unified", base_url=url, model="m", settings=settings,
-        tree=TreeView, gpu=None, log_lines=list, pids_for_stacks=dict,
-    )  # fmt: skip
+    monitor = _bare_monitor(url, settings)
     try:
         await _drive_fake_time(monitor, 12, 2.0)  # 24 s of synthetic time
         probes = monitor.snapshot()["probes"]
