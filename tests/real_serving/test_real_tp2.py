@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from probes.stacks import IDLE, classify, parse_dump
 from tests.real_serving.support import (
     READY_S,
     SCRIPTED_REASONING,
@@ -45,8 +46,12 @@ def test_tp2_serves_with_both_canaries_passing(dep: RealDeployment) -> None:
     assert s["restarts"] == 0
 
 
-def test_rank_stopped_mid_request_is_a_collective_hang_with_all_reduce_evidence(dep: RealDeployment) -> None:
-    """SIGSTOP of scheduler_TP1 with a request decoding: TP0 waits in all_reduce → collective_hang, relaunched."""
+def test_rank_stopped_mid_request_is_a_collective_hang_with_collective_evidence(dep: RealDeployment) -> None:
+    """SIGSTOP of scheduler_TP1 with a request decoding: TP0 waits in a collective → collective_hang, relaunched.
+
+    Which collective TP0 waits in depends on where the stop lands: mostly the forward's `all_reduce`, sometimes the
+    `broadcast` of the next requests between two decode steps (seen in CI). Both are a peer that never comes.
+    """
     first = dep.wait(serving, timeout=READY_S, what="serving")
     with InFlight(dep.sim_url, n=1):
         wait_running(dep.sim_url, 1, timeout=300)
@@ -60,6 +65,7 @@ def test_rank_stopped_mid_request_is_a_collective_hang_with_all_reduce_evidence(
     assert incident["fault"] == "collective_hang", incident
     bundle = Path(incident["forensics_path"])
     tp0 = (bundle / "stack-sglang_scheduler_TP0.txt").read_text()
-    assert "all_reduce" in tp0, "py-spy shows TP0 blocked in the collective"
-    assert "all_reduce" in json.dumps(incident["evidence"])
+    collective, frame = classify(parse_dump(tp0)[0])
+    assert collective is not None and collective != IDLE, f"py-spy shows TP0 blocked in a collective:\n{tp0}"
+    assert collective in json.dumps(incident["evidence"]), (collective, frame, incident["evidence"])
     assert "--disable-overlap-schedule" in again["argv"]
