@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
@@ -25,6 +27,7 @@ from benchmarks.common import (
     get_json,
     incidents_since,
     inject,
+    kill_marked,
     parser,
     say,
     serving,
@@ -32,7 +35,7 @@ from benchmarks.common import (
     wait_for,
     write_result,
 )
-from tests.support.daemon import Deployment
+from tests.support.daemon import Deployment, PdDeployment, Traffic
 
 DETECT_TIMEOUT_S = {"tool_markup_leak_under_load": 420.0}
 DEFAULT_TIMEOUT_S = 150.0
@@ -112,6 +115,41 @@ def run_parser_misconfig() -> dict[str, Any]:
         }
 
 
+PD_WEDGE = "pd_decode_transfer_wedge"
+
+
+def run_pd_wedge() -> dict[str, Any]:
+    """A prefill, a decode and a router (default probes); the decode wedges waiting for KV under router traffic."""
+    with tempfile.TemporaryDirectory(prefix="sglsup-bench-") as tmp:
+        dep = PdDeployment(Path(tmp))
+        try:
+            dep.start()
+            dep.wait_all(lambda s: all(serving(v) for v in s.values()), timeout=180, what="all serving")
+            decode_url = f"http://127.0.0.1:{dep.decode_port}"
+            armed_at = time.time()
+            with FaultClock(decode_url, PD_WEDGE) as clock:
+                inject(decode_url, PD_WEDGE)
+                router = f"http://127.0.0.1:{dep.router_port}"
+                first_at = time.time()
+                with Traffic(router, dep.model, period_s=0.3, max_requests=int(DEFAULT_TIMEOUT_S / 0.3)):
+                    found = wait_for(lambda: incidents_since(dep, armed_at), DEFAULT_TIMEOUT_S, interval=0.2)
+            start, source = clock.start(first_at)
+        finally:
+            dep.cleanup()
+            kill_marked(dep.sim)
+    if not found or start is None:
+        return {"detected": False, "timeout_s": DEFAULT_TIMEOUT_S, "fault_start_source": source}
+    first = found[0]
+    return {
+        "detected": True,
+        "fault": first["fault"],
+        "server": first.get("server"),
+        "latency_s": round(float(first["detected_at"]) - start, 3),
+        "fault_start_source": source,
+        "evidence": json.dumps(first.get("evidence"), default=str)[:400],
+    }
+
+
 def _serving_now(dep: Deployment) -> dict[str, Any] | None:
     s = dep.server()
     return s if serving(s) else None
@@ -141,6 +179,8 @@ def _one(name: str) -> dict[str, Any]:
     try:
         if name == "parser_misconfig":
             return run_parser_misconfig()
+        if name == PD_WEDGE:
+            return run_pd_wedge()
         if SCENARIOS[name].zero_fault:
             return run_zero_fault(name)
         return run_fault(name)
@@ -164,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     reps = args.reps or (1 if args.quick else 5)
     window = 30.0 if args.quick else 120.0
-    names = args.only or [*SCENARIOS, "parser_misconfig"]
+    names = args.only or [*SCENARIOS, PD_WEDGE, "parser_misconfig"]
     results: dict[str, Any] = {}
     for name in names:
         runs = []
@@ -200,7 +240,9 @@ def print_table(report: dict[str, Any]) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """`--quick` and `--only`."""
     p = parser(__doc__)
-    p.add_argument("--only", nargs="*", choices=[*SCENARIOS, "parser_misconfig"], help="run only these")
+    p.add_argument(
+        "--only", nargs="*", choices=[*SCENARIOS, PD_WEDGE, "parser_misconfig"], help="run only these"
+    )
     p.add_argument("--reps", type=int, default=None, help="runs per scenario (default 5, --quick 1)")
     return p
 

@@ -14,7 +14,8 @@ Order of precedence (the first rule that holds decides; later rules only add not
                   spinning in every GPU reading of that span (at least two). Weak evidence — frozen counters
                   with work in flight, nothing else — waits the full `stall_after_s` (a slow forward is not a hang).
 6. `pd_transfer_wedge` — a decode server whose transfer/prealloc queue is non-zero and not draining with no decode
-                  progress for `stall_after_s`.
+                  progress for `stall_after_s`; for a quarter of it when every prefill sits idle meanwhile (the KV
+                  it waits for is not coming: `policies.pd.prefills_idle`).
 7. `decode_wedge` — work in flight (frozen running gauge, generation requests active, our own canary) with no
                   token progress for `stall_after_s`, or SGLang's own watchdog line.
 8. `parser_misconfig` — a definitive canary failure (leak signature, structural failure, stream/non-stream
@@ -31,11 +32,12 @@ GPU drawing real power is computing, so /health 503 during it is not acted on (f
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from policies.model import (
+    Fault,
     Observation,
     ProbeSettings,
     canary_values,
@@ -46,6 +48,7 @@ from policies.model import (
     ranks_values,
     stacks_values,
 )
+from policies.pd import prefills_idle
 from policies.window import Window
 
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95})
@@ -53,18 +56,6 @@ STRONG_STALL_FRACTION = 0.25  # of stall_after_s: a stall this long with strong 
 # waiting for its own kernels or for requests is not a hang, however long it lasts
 NOT_BLOCKING = frozenset({"recv_requests", "synchronize"})
 CRASH_XIDS = frozenset({13, 31, 43})
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A diagnosed fault: a kind of docs/contracts.md and the evidence that decided it."""
-
-    kind: str
-    evidence: Mapping[str, Any]  # names the probes and values that decided it; "tags" feeds the ladders
-    confidence: float  # 0..1
-    reason: str  # one line
-    restart: bool  # False for stream_leak (alert only, degraded)
-    onset_at: float | None = None  # monotonic: when the fault began, as far as the evidence tells
 
 
 @dataclass(frozen=True)
@@ -76,6 +67,9 @@ class DiagnoseContext:
     started_at: float  # monotonic, this launch
     settings: ProbeSettings
     healthy_once: bool = False  # /health answered 200 in this launch: a death now is a crash, not a startup
+    prefills: tuple[
+        Observation | None, ...
+    ] = ()  # a decode: each prefill's newest progress (None: not serving)
 
 
 def _fault(
@@ -243,14 +237,17 @@ def _pd_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
         return None
     v = progress_values(progress)
     pd_stalled = float(v.get("pd_stalled_s", 0.0))
-    if pd_stalled < ctx.settings.stall_after_s:
+    idle = prefills_idle(ctx.prefills, since=progress.at - pd_stalled)
+    if pd_stalled < ctx.settings.stall_after_s * (STRONG_STALL_FRACTION if idle else 1.0):
         return None
     return _fault(
         "pd_transfer_wedge",
-        f"transfer queue stuck at {v.get('pd_queue')} for {pd_stalled:.0f}s, no decode progress",
-        0.85,
+        f"transfer queue stuck at {v.get('pd_queue')} for {pd_stalled:.0f}s, no decode progress"
+        + (", every prefill idle" if idle else ""),
+        0.9 if idle else 0.85,
         onset=progress.at - pd_stalled,
         progress={"pd_queue": v.get("pd_queue"), "pd_stalled_s": pd_stalled},
+        prefills_idle=idle,
         logs=[h for _, h in w.hits("pd_transfer_wedge")[:5]],
     )
 

@@ -40,6 +40,18 @@ class Observation:
     values: Mapping[str, Any] = field(default_factory=dict)  # the probe's TypedDict below, JSON-ready
 
 
+@dataclass(frozen=True)
+class Fault:
+    """A diagnosed fault: a kind of docs/contracts.md and the evidence that decided it."""
+
+    kind: str
+    evidence: Mapping[str, Any]  # names the probes and values that decided it; "tags" feeds the ladders
+    confidence: float  # 0..1
+    reason: str  # one line
+    restart: bool  # False for stream_leak (alert only, degraded)
+    onset_at: float | None = None  # monotonic: when the fault began, as far as the evidence tells
+
+
 class HealthValues(TypedDict, total=False):
     """`health`: the status code of `/health` (None when no answer), refused while the port is closed."""
 
@@ -61,6 +73,7 @@ class ProgressValues(TypedDict, total=False):
     active_gen: float | None
     canary_outstanding: bool
     pd_queue: float | None
+    idle_at: float | None  # the newest scrape with nothing running, queued, in flight or in a PD queue
     pd_stalled_s: float
     counters: dict[str, float]
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 
+from policies.model import Observation, progress_values
+
 
 class Role(StrEnum):
     """What a server is in the deployment."""
@@ -65,3 +67,22 @@ def start_order(roles: Mapping[str, Role], depends_on: Mapping[str, Sequence[str
         done.append(ready[0])
         pending.remove(ready[0])
     return tuple(done)
+
+
+def prefills_idle(prefills: Sequence[Observation | None], since: float) -> bool:
+    """Every prefill serving and seen idle at some scrape after `since` (when the decode's queue froze).
+
+    Idle: nothing running, queued, in flight over HTTP or in its bootstrap/inflight queue. A prefill that was
+    idle after the freeze had finished with every request the decode was then waiting for, so a decode still
+    waiting, without one decoded token, waits for KV that is not coming (failure-modes.md F3/F5). A prefill
+    busy all along (a long prompt) may still send it.
+    """
+    if not prefills:
+        return False
+    for obs in prefills:
+        if obs is None or not obs.ok:
+            return False
+        idle_at = progress_values(obs).get("idle_at")
+        if idle_at is None or idle_at <= since:
+            return False
+    return True

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 from policies import argv as argv_reader
 from policies.backoff import RestartParams, decide_restart, is_stable
-from policies.diagnose import DiagnoseContext, Fault, diagnose
+from policies.diagnose import DiagnoseContext, diagnose
 from policies.ladders import Ladder, PastIncident, ladder_key
-from policies.model import Observation, ProbeSettings, canary_values, health_values, progress_values
+from policies.model import Fault, Observation, ProbeSettings, canary_values, health_values, progress_values
 from policies.plan import PARSER_KEY, Plan, plan_recovery
 from policies.signatures import scan
 from policies.states import FaultKind
@@ -65,6 +65,9 @@ class ServerFacts:
     phase: str  # starting | serving | degraded
     started_at: float  # monotonic, this launch
     settings: ProbeSettings
+    prefills: tuple[
+        Observation | None, ...
+    ] = ()  # a decode: each prefill's newest progress (None: not serving)
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,9 @@ def _waiting_for_health(window: Sequence[Observation]) -> str:
 def triage(window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, now: float) -> Triage:
     """What this tick shows for one server (the rules are in the module docstring)."""
     phase = facts.phase if facts.phase in ("starting", "serving", "degraded") else "serving"
-    ctx = DiagnoseContext(phase, facts.role, facts.started_at, facts.settings, _healthy_once(window))
+    ctx = DiagnoseContext(
+        phase, facts.role, facts.started_at, facts.settings, _healthy_once(window), facts.prefills
+    )
     if tree.losses:
         return Triage(fault=_tree_fault(window, tree, facts, ctx, now))
     advisory = facts.settings.canary_mode == "advisory"

@@ -117,6 +117,10 @@ class Monitor:
         pruned = [o for o in self._latest.values() if o.at < self._cuts[1 if _routine(o) else 0]]
         return [*self._window, *self._routine, *pruned]
 
+    def latest(self, probe: str) -> Observation | None:
+        """The newest observation of one probe in this launch."""
+        return self._latest.get(probe)
+
     def reconfigure(self, settings: ProbeSettings) -> None:
         """New probe settings (a config reload) take effect from the next tick."""
         self.settings = settings

@@ -27,6 +27,8 @@ PD_QUEUES = {
     "decode": ("sglang:num_decode_transfer_queue_reqs", "sglang:num_decode_prealloc_queue_reqs"),
     "prefill": ("sglang:num_prefill_inflight_queue_reqs", "sglang:num_prefill_bootstrap_queue_reqs"),
 }
+# counters of requests' tokens, kept by SGLang's tokenizer (its health check is not counted: log_metrics=False)
+REQUEST_TOKENS = frozenset({"first_tokens", "streamed_tokens", "generation_tokens_total"})
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 METRICS_TYPES = ("text/plain", "application/openmetrics-text")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -72,6 +74,8 @@ def progress_counters(samples: list[Sample]) -> dict[str, float]:
             add("decode_tokens" if mode == "decode" else "prefill_tokens", s.value)
         elif s.name == "sglang:inter_token_latency_seconds_count":
             add("streamed_tokens", s.value)
+        elif s.name == "sglang:time_to_first_token_seconds_count":
+            add("first_tokens", s.value)
         elif s.name == "sglang:cuda_graph_passes_total":
             add("decode_passes" if mode.startswith("decode") else "prefill_passes", s.value)
         elif s.name in ("sglang:prompt_tokens_total", "sglang:generation_tokens_total"):
@@ -95,11 +99,12 @@ class ProgressTracker:
     work_since: float | None = None
     pd_queue: float = 0.0
     pd_since: float | None = None
+    idle_at: float | None = None
 
     def reset(self, now: float) -> None:
         """A new launch: counters restart from zero, progress counts from now."""
         self.counters, self.last_progress_at, self.work_since = {}, now, None
-        self.pd_queue, self.pd_since = 0.0, None
+        self.pd_queue, self.pd_since, self.idle_at = 0.0, None, None
 
     def update(
         self,
@@ -113,7 +118,7 @@ class ProgressTracker:
     ) -> Observation:
         """Fold one scrape (None when it failed) into the lease and report it."""
         moved: list[str] = []
-        running = active = pd_queue = None
+        running = active = pd_queue = queued = None
         if samples is not None:
             counters = progress_counters(samples)
             moved = [k for k, v in counters.items() if v != self.counters.get(k, 0.0)]
@@ -125,6 +130,7 @@ class ProgressTracker:
                     s.value for s in active_series if s.labels.get("endpoint") in GENERATION_ENDPOINTS
                 )
             pd_queue = _gauge(samples, PD_QUEUES.get(self.role, ()))
+            queued = _gauge(samples, "sglang:num_queue_reqs")
         if moved:
             self.last_progress_at = now
         if other_progress_at is not None and (self.last_progress_at or 0.0) < other_progress_at:
@@ -136,6 +142,9 @@ class ProgressTracker:
             self.work_since = None
         stalled = now - max(self.work_since or now, self.last_progress_at or now) if reasons else 0.0
         pd_stalled = self._pd(pd_queue, moved, now)
+        # idle: no work (the running gauge counts only without the live HTTP gauge: it goes stale when idle)
+        if samples is not None and not (reasons or queued or pd_queue):
+            self.idle_at = now
         values: ProgressValues = {
             "scrape_ok": samples is not None,
             "work": bool(reasons),
@@ -148,6 +157,7 @@ class ProgressTracker:
             "canary_outstanding": canary_outstanding,
             "pd_queue": pd_queue,
             "pd_stalled_s": round(pd_stalled, 3),
+            "idle_at": self.idle_at,
             "counters": dict(self.counters),
         }
         if samples is None:
@@ -171,11 +181,17 @@ class ProgressTracker:
         ]
 
     def _pd(self, queue: float | None, moved: list[str], now: float) -> float:
-        """Seconds a non-zero PD queue has neither drained nor let decode progress."""
+        """Seconds a non-zero PD queue has stood without a request's token.
+
+        A shrinking queue is not progress by itself: aborted and timed-out requests leave it too (F3 begins
+        with an abort burst). Nor are the scheduler's decode counters: SGLang's own `/health` check decodes a
+        token with a fake bootstrap, past the transfer queue. Tokens of requests (first tokens, inter-token
+        counts, finished requests: the tokenizer's counters, which skip the health check) are.
+        """
         if not queue:
             self.pd_queue, self.pd_since = 0.0, None
             return 0.0
-        if self.pd_since is None or queue < self.pd_queue or any(m.startswith("decode") for m in moved):
+        if self.pd_since is None or any(m in REQUEST_TOKENS for m in moved):
             self.pd_since = now
         self.pd_queue = queue
         return now - self.pd_since

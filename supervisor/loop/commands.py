@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from policies.diagnose import Fault
+from policies.model import Fault
 
 
 @dataclass

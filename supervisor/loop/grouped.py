@@ -13,9 +13,9 @@ import contextlib
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from policies.diagnose import Fault
 from policies.group import Generation
 from policies.ladders import PastIncident
+from policies.model import Fault
 from policies.plan import Plan
 from policies.states import ServerState
 from policies.triage import plan

@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 
 from policies.argv import redact as redact_argv
-from policies.diagnose import Fault
+from policies.model import Fault
 from policies.plan import Plan
 from supervisor.alerts.dispatcher import AlertDispatcher
 from supervisor.records.incident import Incident

@@ -10,8 +10,8 @@ import contextlib
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from policies.diagnose import Fault
 from policies.ladders import PastIncident
+from policies.model import Fault
 from policies.plan import Plan, build_argv
 from policies.states import FaultKind, ServerState
 from policies.triage import PlanFacts, plan

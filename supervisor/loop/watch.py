@@ -26,7 +26,7 @@ from supervisor.loop.host import MonitorSpec, ProbeMonitor
 from supervisor.redaction import server_api_key
 
 if TYPE_CHECKING:
-    from policies.diagnose import Fault
+    from policies.model import Fault
     from supervisor.loop.server import ServerLoop
 
 S = ServerState
@@ -98,6 +98,16 @@ class Watch:
             return []
         lines, self.cursor = run.lines_since(self.cursor)
         return lines
+
+    def _prefills(self) -> tuple[Observation | None, ...]:
+        """A decode: each prefill's newest progress observation (None for one not serving); others: none."""
+        if self.loop.cfg.role is not Role.DECODE:
+            return ()
+        prefills = [other for other in self.loop.svc.loops.values() if other.cfg.role is Role.PREFILL]
+        return tuple(
+            p.watch.monitor.latest("progress") if p.state is S.SERVING and p.watch.monitor else None
+            for p in prefills
+        )
 
     def rank_pids(self) -> dict[int, str]:
         """The running ranks: pid → title (stacks and forensics dump these)."""
@@ -194,6 +204,7 @@ class Watch:
             phase=loop.state.value if loop.state in (S.STARTING, S.SERVING, S.DEGRADED) else "serving",
             started_at=loop.started_at,
             settings=probe_settings(loop),
+            prefills=self._prefills(),
         )
         tree = TreeFacts(
             tuple(losses), run.returncode() if losses else None, tuple(run.tail(TAIL_LINES) if losses else ())

@@ -17,7 +17,8 @@ def all_serving(s: Servers) -> bool:
 
 
 def test_decode_transfer_wedge_restarts_only_the_decode(tmp_path: Path) -> None:
-    """pd_decode_transfer_wedge: pd_transfer_wedge on the decode; the prefill keeps its PID."""
+    """pd_decode_transfer_wedge: pd_transfer_wedge on the decode, decided on the idle prefill; the prefill keeps
+    its PID."""
     dep = PdDeployment(tmp_path, probes={"stall_after_s": 4})
     try:
         dep.start()
@@ -31,7 +32,9 @@ def test_decode_transfer_wedge_restarts_only_the_decode(tmp_path: Path) -> None:
                 timeout=120,
                 what="decode recovered",
             )
-        assert after["decode"]["last_incident"]["fault"] == "pd_transfer_wedge"
+        incident = after["decode"]["last_incident"]
+        assert incident["fault"] == "pd_transfer_wedge"
+        assert incident["evidence"]["prefills_idle"] is True, "the prefill sat idle: the KV is not coming"
         assert after["prefill"]["pid"] == first["prefill"]["pid"] and after["prefill"]["restarts"] == 0
         assert after["router"]["pid"] == first["router"]["pid"]
     finally:

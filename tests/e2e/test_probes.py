@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from policies.diagnose import DiagnoseContext, Fault, diagnose
-from policies.model import ProbeSettings
+from policies.diagnose import DiagnoseContext, diagnose
+from policies.model import Fault, ProbeSettings
 from policies.triage import ServerFacts, TreeFacts, Triage, triage
 from probes.canary import tool_canary
 from probes.health import probe_health

@@ -83,6 +83,9 @@ class FakeMonitor:
     def window(self) -> list[Observation]:
         return list(self.observations)
 
+    def latest(self, probe: str) -> Observation | None:
+        return max((o for o in self.observations if o.probe == probe), key=lambda o: o.at, default=None)
+
     def reset(self, now: float) -> None:
         self.observations = []
 

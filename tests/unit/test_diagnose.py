@@ -176,6 +176,48 @@ def test_pd_queue_stuck_on_decode_is_pd_transfer_wedge() -> None:
     assert kind_of(window, ctx(role="prefill"), NOW) == "decode_wedge"
 
 
+def prefill(idle_at: float | None = NOW, ok: bool = True) -> Observation:
+    """A prefill's progress reading, last idle at `idle_at` (None: busy all along)."""
+    return obs("progress", ok=ok, idle_at=idle_at)
+
+
+def pd_ctx(*prefills: Observation | None) -> DiagnoseContext:
+    return DiagnoseContext("serving", "decode", 0.0, S, True, prefills)
+
+
+def test_pd_queue_stuck_with_every_prefill_idle_is_a_wedge_after_a_quarter_of_the_window() -> None:
+    """The KV the decode waits for is not coming when every prefill sat idle since the queue froze: 5 s, not 20."""
+    early = S.stall_after_s / 4 + 1
+    window = [stalled(early, pd_queue=2.0, pd_stalled_s=early)]
+    fault = diagnose(window, pd_ctx(prefill(), prefill()), NOW)
+    assert fault is not None and fault.kind == "pd_transfer_wedge" and fault.evidence["prefills_idle"] is True
+    assert "every prefill idle" in fault.reason
+
+
+@pytest.mark.parametrize(
+    "prefills",
+    [
+        pytest.param((), id="no prefill known"),
+        pytest.param((None,), id="prefill not serving"),
+        pytest.param((prefill(idle_at=None),), id="prefill busy all along with a long prompt"),
+        pytest.param((prefill(idle_at=NOW - 30),), id="prefill last idle before the freeze"),
+        pytest.param((prefill(), prefill(idle_at=None)), id="one of two prefills busy"),
+        pytest.param((prefill(), prefill(ok=False)), id="one prefill's metrics unreadable"),
+    ],
+)
+def test_pd_queue_stuck_without_idle_prefills_waits_the_full_window(
+    prefills: tuple[Observation | None, ...],
+) -> None:
+    """A busy, unseen or unserving prefill may still send the KV: weak evidence waits the whole stall_after_s."""
+    early = S.stall_after_s / 4 + 1
+    assert kind_of([stalled(early, pd_queue=2.0, pd_stalled_s=early)], pd_ctx(*prefills), NOW) is None
+    late = S.stall_after_s + 1
+    fault = diagnose([stalled(late, pd_queue=2.0, pd_stalled_s=late)], pd_ctx(*prefills), NOW)
+    assert (
+        fault is not None and fault.kind == "pd_transfer_wedge" and fault.evidence["prefills_idle"] is False
+    )
+
+
 @pytest.mark.parametrize("probe", ["canary_tool", "canary_reasoning", "config_check"])
 def test_definitive_canary_failure_is_parser_misconfig(probe: str) -> None:
     """A leak, a structural failure or a wrong /server_info parser is parser_misconfig."""

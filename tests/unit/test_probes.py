@@ -88,12 +88,52 @@ def test_other_progress_and_own_canary() -> None:
 
 
 def test_pd_queue_that_neither_drains_nor_decodes() -> None:
-    """Decode role: a transfer queue stuck at 3 with flat decode counters accumulates pd_stalled_s."""
+    """Decode role: a transfer queue stuck at 3 with no request's token accumulates pd_stalled_s.
+
+    The scheduler's decode counter moving is SGLang's own health check (a fake bootstrap, past the queue): not
+    progress. A request's token (the tokenizer's inter-token count) is.
+    """
     t = ProgressTracker(role="decode")
     t.reset(0.0)
     t.update(parse_metrics(metrics()), 1.0)
     assert t.update(parse_metrics(metrics()), 21.0).values["pd_stalled_s"] == 20.0
-    assert t.update(parse_metrics(metrics(decode=500)), 22.0).values["pd_stalled_s"] == 0.0
+    assert t.update(parse_metrics(metrics(decode=500)), 22.0).values["pd_stalled_s"] == 21.0
+    streamed = metrics(decode=500).replace(
+        'inter_token_latency_seconds_count{model_name="m"} 90',
+        'inter_token_latency_seconds_count{model_name="m"} 91',
+    )
+    assert t.update(parse_metrics(streamed), 23.0).values["pd_stalled_s"] == 0.0
+
+
+def test_pd_queue_shrinking_without_decode_progress_is_still_stalled() -> None:
+    """Requests aborted or timed out leave the transfer queue too: only decoded tokens restart the count."""
+    t = ProgressTracker(role="decode")
+    t.reset(0.0)
+    t.update(parse_metrics(metrics()), 1.0)
+    shrunk = metrics().replace(
+        'num_decode_transfer_queue_reqs{model_name="m",engine_type="decode",tp_rank="0"} 3.0',
+        'num_decode_transfer_queue_reqs{model_name="m",engine_type="decode",tp_rank="0"} 1.0',
+    )
+    assert shrunk != metrics()
+    assert t.update(parse_metrics(shrunk), 6.0).values["pd_stalled_s"] == 5.0
+
+
+def test_idle_at_is_the_last_scrape_with_nothing_in_flight_queued_or_in_a_pd_queue() -> None:
+    """A prefill is idle when no request is in flight, queued or in its PD queues; a failed scrape tells nothing.
+
+    The running gauge keeps its last value while the scheduler idles: beside the live HTTP gauge it does not
+    count (as for work).
+    """
+    t = ProgressTracker(role="prefill")
+    t.reset(0.0)
+    assert t.update(parse_metrics(metrics()), 1.0).values["idle_at"] is None  # one request active
+    idle = metrics(active=0)  # num_running_reqs still 2: stale
+    assert t.update(parse_metrics(idle), 2.0).values["idle_at"] == 2.0
+    assert t.update(None, 3.0, error="timeout").values["idle_at"] == 2.0
+    queued = idle + 'sglang:num_queue_reqs{model_name="m"} 4\n'
+    assert t.update(parse_metrics(queued), 4.0).values["idle_at"] == 2.0
+    inflight = idle + 'sglang:num_prefill_inflight_queue_reqs{model_name="m"} 1\n'
+    assert t.update(parse_metrics(inflight), 5.0).values["idle_at"] == 2.0
 
 
 def test_failed_scrape_is_an_observation() -> None:

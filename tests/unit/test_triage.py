@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.diagnose import Fault
-from policies.model import Observation, ProbeSettings
+from policies.model import Fault, Observation, ProbeSettings
 from policies.triage import PlanFacts, ServerFacts, TreeFacts, plan, promotion, tags, triage
 
 pytestmark = pytest.mark.unit
