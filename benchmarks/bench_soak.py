@@ -33,6 +33,7 @@ from benchmarks.common import (
     MODEL,
     SCENARIOS,
     Driver,
+    FaultClock,
     bench_deployment,
     incidents_since,
     inject,
@@ -116,11 +117,15 @@ def one_fault(dep: Deployment, name: str) -> dict[str, Any]:
     """Arm `name`, drive it, and follow the server to serving (recovered) or failed/degraded (escalated)."""
     scen = SCENARIOS[name]
     armed = time.time()
-    inject(dep.sim_url, name)
-    with Driver(dep.sim_url, scen.traffic, DETECT_TIMEOUT_S, lambda: bool(incidents_since(dep, armed))):
-        found = wait_for(lambda: incidents_since(dep, armed), DETECT_TIMEOUT_S, interval=0.2)
+    with FaultClock(dep.sim_url, name) as clock:
+        inject(dep.sim_url, name)
+        with Driver(dep.sim_url, scen.traffic, DETECT_TIMEOUT_S, lambda: bool(incidents_since(dep, armed))):
+            found = wait_for(lambda: incidents_since(dep, armed), DETECT_TIMEOUT_S, interval=0.2)
     if not found:
-        return {"scenario": name, "outcome": "undetected"}
+        # a fault whose trigger needs what an earlier fallback took away (overlap on) never fires: prevented
+        outcome = "undetected" if clock.seen is not None else "prevented"
+        flags = [a for a in dep.server().get("argv", []) if a.startswith("--disable")]
+        return {"scenario": name, "outcome": outcome, "fallback_flags": flags}
     incident = found[0]
     end = wait_for(lambda: _settled(dep), RECOVER_TIMEOUT_S)
     state = end["state"] if end else "stuck"
@@ -174,6 +179,7 @@ def soak(minutes: float, seed: int, quiet_s: float) -> dict[str, Any]:
         "recovered": outcomes.count("recovered"),
         "escalated": outcomes.count("escalated"),
         "undetected": outcomes.count("undetected"),
+        "prevented": outcomes.count("prevented"),
         "stuck": outcomes.count("stuck"),
         "false_incidents": [f"{i['fault']}: {i.get('reason', '')[:120]}" for i in false_incidents],
         "orphans": orphans,
@@ -193,8 +199,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     d = report["daemon"]
     print(
         f"soak {minutes:g} min (seed {args.seed}): {report['faults']} faults, {report['recovered']} recovered, "
-        f"{report['escalated']} escalated, {report['undetected']} undetected, {report['stuck']} stuck; "
-        f"false incidents {len(report['false_incidents'])}; orphans {len(report['orphans'])}"
+        f"{report['escalated']} escalated, {report['undetected']} undetected, {report['prevented']} prevented "
+        f"(a fallback flag in place), {report['stuck']} stuck; false incidents {len(report['false_incidents'])}; "
+        f"orphans {len(report['orphans'])}"
     )
     if d:
         print(
