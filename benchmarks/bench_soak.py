@@ -103,8 +103,26 @@ class Sampler:
             "fds_first": round(mean(first, 2), 1),
             "fds_last": round(mean(last, 2), 1),
             "fds_max": max(s[2] for s in self.samples),
+            # the floor: the daemon's standing fds between probes (in-flight probe sockets come and go)
+            "fds_min_first": min(r[2] for r in first),
+            "fds_min_last": min(r[2] for r in last),
             "samples": len(self.samples),
+            "per_window": self.series(span),
         }
+
+    def series(self, span: float) -> list[dict[str, float]]:
+        """Mean RSS (MiB), mean and least fds of each consecutive `span` seconds: a trend, not two points."""
+        t0 = self.samples[0][0]
+        out = []
+        for k in range(int((self.samples[-1][0] - t0) // span) + 1):
+            rows = [r for r in self.samples if t0 + k * span <= r[0] < t0 + (k + 1) * span]
+            if rows:
+                rss = sum(r[1] for r in rows) / len(rows) / 2**20
+                fds = sum(r[2] for r in rows) / len(rows)
+                out.append(
+                    {"rss_mib": round(rss, 1), "fds": round(fds, 1), "fds_min": min(r[2] for r in rows)}
+                )
+        return out
 
 
 def _settled(dep: Deployment) -> dict[str, Any] | None:
@@ -206,7 +224,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if d:
         print(
             f"daemon RSS {d['rss_first_mib']} → {d['rss_last_mib']} MiB ({d['rss_change_pct']:+} %, "
-            f"{d['window_s']} s windows); fds {d['fds_first']} → {d['fds_last']} (max {d['fds_max']})"
+            f"{d['window_s']} s windows); fds {d['fds_first']} → {d['fds_last']} (max {d['fds_max']}; least "
+            f"{d['fds_min_first']} → {d['fds_min_last']})"
         )
     print(f"detection s {report['detection_s']}; to serving s {report['to_serving_s']}; {Path(path).name}")
     return report
