@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 8
 
 .PHONY: venv test lint typecheck unit demo bench clean
 
@@ -24,7 +24,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy supervisor probes policies simulator benchmarks
 
-# The e2e tier mostly waits on servers, so four workers fit two cores (tests/conftest.py orders them); the
+# The e2e tier mostly waits on servers, so eight workers fit two cores (tests/conftest.py orders them); the
 # real-serving tier then runs alone, one real SGLang server at a time.
 test: lint typecheck
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --ignore=tests/real_serving $(PYTEST_ARGS)

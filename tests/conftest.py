@@ -2,8 +2,8 @@
 
 A test outside a tier folder, or marked with another tier than its folder's, stops the run, so `-m unit`
 always selects exactly tests/unit/. A new tier is a folder plus its marker registered in pyproject.toml.
-Tiers run slowest first (the order of TIERS), so parallel workers (`make test`) take the long waits first
-and finish together. The real-serving tier runs after the others, in one process (`make test`): its real servers
+Tiers run slowest first (the order of TIERS; the real tier's fixtures import real SGLang for a minute),
+so parallel workers (`make test`) take the long waits first and finish together. The real-serving tier runs after the others, in one process (`make test`): its real servers
 would starve each other on two cores.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-TIERS = ("e2e", "real_serving", "etcd", "hardening", "real", "process", "unit")
+TIERS = ("real", "e2e", "real_serving", "etcd", "hardening", "process", "unit")
 
 
 def tier_of(path: Path) -> str | None:

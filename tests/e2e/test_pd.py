@@ -19,7 +19,7 @@ def all_serving(s: Servers) -> bool:
 def test_decode_transfer_wedge_restarts_only_the_decode(tmp_path: Path) -> None:
     """pd_decode_transfer_wedge: pd_transfer_wedge on the decode, decided on the idle prefill; the prefill keeps
     its PID."""
-    dep = PdDeployment(tmp_path, probes={"stall_after_s": 4})
+    dep = PdDeployment(tmp_path)  # the default stall window: the idle prefill decides at a quarter of it
     try:
         dep.start()
         first = dep.wait_all(all_serving, what="all serving")
