@@ -124,6 +124,7 @@ class Launched:
         self._count = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._ended = threading.Event()
         self._pending = bytearray()
         self._discarding = False
         self._thread = threading.Thread(target=self._pump, name=f"log-{proc.pid}", daemon=True)
@@ -155,6 +156,10 @@ class Launched:
         """Exit status (negative = killed by that signal), or None while it runs. Reaps the process."""
         return self._proc.poll()
 
+    def output_ended(self) -> bool:
+        """Every process of the tree closed the output (end of file): no line is still on its way."""
+        return self._ended.is_set()
+
     def close(self, timeout_s: float = 2.0) -> bool:
         """Stop reading output and close the log; True if the reader thread ended within the timeout."""
         self._stop.set()
@@ -182,6 +187,7 @@ class Launched:
         finally:
             self._log.close()
             stream.close()
+            self._ended.set()
 
     def _feed(self, chunk: bytes) -> None:
         """Whole lines of a chunk in bulk (one write, one ring extend); over-long lines one by one."""

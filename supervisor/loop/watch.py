@@ -30,7 +30,10 @@ if TYPE_CHECKING:
     from supervisor.loop.server import ServerLoop
 
 S = ServerState
-LOG_SETTLE_S = 0.3  # after a loss, let the reader take the dying process's last lines
+LOG_SETTLE_S = (
+    0.3  # after a loss, let the reader take the dying process's last lines (less once its output ends)
+)
+LOG_SETTLE_STEP_S = 0.02
 TAIL_LINES = 300
 
 
@@ -197,8 +200,12 @@ class Watch:
         losses = self._losses(events)
         if not new and not losses:
             return None  # nothing new to triage: every rule's inputs are unchanged (time rules wait ≤ a probe period)
-        if losses:
-            await loop.clock.sleep(LOG_SETTLE_S)
+        if (
+            losses
+        ):  # the dying tree's last lines decide oom against crash: until its output ends, at most this
+            settle_until = now + LOG_SETTLE_S
+            while not run.output_ended() and loop.clock.monotonic() < settle_until:
+                await loop.clock.sleep(LOG_SETTLE_STEP_S)
         facts = ServerFacts(
             role=loop.cfg.role.value,
             phase=loop.state.value if loop.state in (S.STARTING, S.SERVING, S.DEGRADED) else "serving",

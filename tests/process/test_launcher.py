@@ -104,3 +104,17 @@ def test_close_returns_while_an_orphan_keeps_the_pipe_open(
     wait_for(lambda: tree.launched.returncode() is not None, 10, "the main process exiting")
     assert tree.orphan is not None and proctree.is_alive(tree.orphan)
     assert tree.launched.close(timeout_s=5)
+
+
+def test_output_ends_when_the_last_process_holding_it_exits(tmp_path: Path, janitor: Janitor) -> None:
+    """The main process gone is not the end of the output while a child still holds it; its exit is."""
+    script = (
+        "import subprocess, sys; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print('main exits', flush=True)"
+    )
+    handle = _spawn(janitor, [sys.executable, "-c", script], tmp_path / "ends.log")
+    wait_for(lambda: handle.returncode() == 0, 10, "the main process exits")
+    assert not handle.output_ended(), "the child still holds the output"
+    os.killpg(handle.pgid, signal.SIGKILL)
+    wait_for(handle.output_ended, 10, "the output ends with the child")
+    assert handle.tail(5) == ["main exits"]

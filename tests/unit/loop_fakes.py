@@ -60,6 +60,9 @@ class FakeRun:
     def returncode(self) -> int | None:
         return self.exit_code
 
+    def output_ended(self) -> bool:
+        return self.exit_code is not None
+
     def close(self, timeout_s: float = 2.0) -> bool:
         self.closed = True
         return True
