@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -71,6 +72,7 @@ class Monitor:
         self._tree, self._gpu_read, self._log_lines, self._pids = tree, gpu, log_lines, pids_for_stacks
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[Observation]] = {}
+        self.ready = asyncio.Event()  # set when a probe in flight finishes: the loop wakes to collect it
         self._window: deque[Observation] = deque(maxlen=20000)
         self._routine: deque[Observation] = deque(maxlen=20000)  # local readings that show nothing wrong
         self._cuts = (0.0, 0.0)  # what _prune dropped: older than these, in _window and in _routine
@@ -100,6 +102,7 @@ class Monitor:
 
     async def tick(self, now: float) -> list[Observation]:
         """Collect finished probes, run the cheap local ones, start what is due; returns new observations."""
+        self.ready.clear()
         new = self._collect(now)
         new += self._local(now)
         self._start_due(now)
@@ -116,6 +119,14 @@ class Monitor:
         """
         pruned = [o for o in self._latest.values() if o.at < self._cuts[1 if _routine(o) else 0]]
         return [*self._window, *self._routine, *pruned]
+
+    def next_due(self) -> float:
+        """When the next probe is due (monotonic): the loop may sleep until then unless `ready` is set first.
+
+        A probe still in flight is not due (its end sets `ready`); the quiet-logs reading goes with the local ones.
+        """
+        pending = (t for kind, t in self._due.items() if kind not in self._tasks and kind != "logs_quiet")
+        return min(pending, default=math.inf)
 
     def latest(self, probe: str) -> Observation | None:
         """The newest observation of one probe in this launch."""
@@ -266,7 +277,7 @@ class Monitor:
         if due:
             self._stacks_done.update((episode, f) for f in due)
             pids = self._safe(self._pids, {})
-            self._tasks["stacks"] = asyncio.ensure_future(probe_stacks(pids, s.stacks_budget_s))
+            self._tasks["stacks"] = self._track(asyncio.ensure_future(probe_stacks(pids, s.stacks_budget_s)))
 
     def _launch(
         self,
@@ -280,8 +291,12 @@ class Monitor:
             return False
         if period is not None:
             self._due[kind] = now + period
-        self._tasks[kind] = asyncio.ensure_future(make(self._http()))
+        self._tasks[kind] = self._track(asyncio.ensure_future(make(self._http())))
         return True
+
+    def _track(self, task: asyncio.Task[Observation]) -> asyncio.Task[Observation]:
+        task.add_done_callback(lambda _: self.ready.set())
+        return task
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

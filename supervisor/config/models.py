@@ -68,7 +68,7 @@ class SupervisorConfig(_Model):
     shm_dir: ConfigPath = Path("/dev/shm")
     gpu_backend: Literal["nvml", "sim", "none"] = "nvml"
     sim_state_dir: OptionalPath = None
-    tick_s: float = Field(0.5, gt=0, le=60)
+    tick_s: float = Field(1.0, gt=0, le=60)
     gpu_mem_free_threshold_mib: int = Field(1024, ge=0)
     release_deadline_s: float = Field(60, gt=0)
     allowlist: tuple[str, ...] = ("nvidia-persistenced", "nv-hostengine", "dcgm*")

@@ -32,7 +32,6 @@ MiB = 1024 * 1024
 LINE_LIMIT = 16 * 1024
 TRUNCATED = " …[truncated]"
 _READ_CHUNK = 1024 * 1024
-_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -123,8 +122,11 @@ class Launched:
         self._notable = NotableLines()
         self._count = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._ended = threading.Event()
+        # close() wakes the reader through this pipe: it sleeps in select until output or the wake comes
+        self._wake_r, wake_w = os.pipe()
+        self._wake_w: int | None = wake_w
+        self._wake_lock = threading.Lock()
         self._pending = bytearray()
         self._discarding = False
         self._thread = threading.Thread(target=self._pump, name=f"log-{proc.pid}", daemon=True)
@@ -162,7 +164,9 @@ class Launched:
 
     def close(self, timeout_s: float = 2.0) -> bool:
         """Stop reading output and close the log; True if the reader thread ended within the timeout."""
-        self._stop.set()
+        with self._wake_lock:
+            if self._wake_w is not None:
+                os.write(self._wake_w, b"\0")
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
@@ -172,11 +176,9 @@ class Launched:
         fd = stream.fileno()
         try:
             while True:
-                ready, _, _ = select.select([fd], [], [], _POLL_S)
-                if not ready:
-                    if self._stop.is_set():
-                        break
-                    continue
+                ready, _, _ = select.select([fd, self._wake_r], [], [])
+                if fd not in ready:
+                    break  # close() woke it with nothing left to read
                 chunk = os.read(fd, _READ_CHUNK)
                 if not chunk:
                     break
@@ -187,6 +189,11 @@ class Launched:
         finally:
             self._log.close()
             stream.close()
+            with self._wake_lock:
+                assert self._wake_w is not None
+                os.close(self._wake_w)
+                self._wake_w = None
+            os.close(self._wake_r)
             self._ended.set()
 
     def _feed(self, chunk: bytes) -> None:

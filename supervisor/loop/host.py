@@ -57,6 +57,11 @@ class ProbeMonitor(Protocol):
 
     def latest(self, probe: str) -> Observation | None: ...
 
+    def next_due(self) -> float: ...
+
+    @property
+    def ready(self) -> asyncio.Event: ...
+
     def reset(self, now: float) -> None: ...
 
     def reconfigure(self, settings: ProbeSettings) -> None: ...
@@ -101,7 +106,9 @@ class Host(Protocol):
 
     async def find_marked(self, marker: str) -> list[ProcId]: ...
 
-    async def wait_exit(self, pids: Sequence[int], timeout: float, clock: Clock) -> None: ...
+    async def wait_exit(
+        self, pids: Sequence[int], timeout: float, clock: Clock, wake: asyncio.Event | None = None
+    ) -> None: ...
 
     async def foreign_port_holders(self, cfg: ServerConfig) -> list[str]: ...
 
@@ -135,6 +142,10 @@ class RealHost:
     def __init__(self, backend: GpuBackend, gpu_enabled: bool = True) -> None:
         self.backend = backend
         self.gpu_enabled = gpu_enabled
+        # pidfds stay registered with the event loop from the first wait on a pid until it exits (registering
+        # and unregistering on every tick cost more than the rest of the tick)
+        self._pidfds: dict[int, int] = {}
+        self._exit_waiters: dict[int, set[asyncio.Future[None]]] = {}
 
     async def spawn(
         self,
@@ -157,33 +168,62 @@ class RealHost:
             return quick, []  # every known rank and the main process still run: nothing changed
         return await asyncio.to_thread(proctree.poll_tree, previous, main_pid, run_id, list(titles))
 
-    async def wait_exit(self, pids: Sequence[int], timeout: float, clock: Clock) -> None:
+    async def wait_exit(
+        self, pids: Sequence[int], timeout: float, clock: Clock, wake: asyncio.Event | None = None
+    ) -> None:
         """Sleep `timeout`, but wake as soon as one of `pids` exits (pidfds: a crash is seen at once, not at the
-        next tick). A pid already gone returns at once; where pidfds are unavailable this is a plain sleep."""
-        aio = asyncio.get_running_loop()
-        woke: asyncio.Future[None] = aio.create_future()
-        fds: list[int] = []
+        next tick) or `wake` is set. A pid already gone returns at once; where pidfds are unavailable only `wake`
+        ends the sleep early."""
+        if wake is not None and wake.is_set():
+            return
+        woke: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        watched: list[int] = []
 
-        def wake() -> None:
+        def done(_: object) -> None:
             if not woke.done():
                 woke.set_result(None)
 
+        waiter = asyncio.ensure_future(wake.wait()) if wake is not None else None
+        if waiter is not None:
+            waiter.add_done_callback(done)
         try:
             for pid in pids:
-                try:
-                    fd = os.pidfd_open(pid)
-                except ProcessLookupError:
-                    return
-                except OSError:
-                    continue
-                fds.append(fd)
-                aio.add_reader(fd, wake)
+                registered = self._watch_pid(pid)
+                if registered is None:
+                    return  # already gone
+                if registered:
+                    self._exit_waiters.setdefault(pid, set()).add(woke)
+                    watched.append(pid)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woke, timeout)
         finally:
-            for fd in fds:
-                aio.remove_reader(fd)
-                os.close(fd)
+            if waiter is not None:
+                waiter.cancel()
+            for pid in watched:
+                self._exit_waiters.get(pid, set()).discard(woke)
+
+    def _watch_pid(self, pid: int) -> bool | None:
+        """A pidfd for `pid` registered with the event loop (True), pidfds unavailable (False), or gone (None)."""
+        if pid in self._pidfds:
+            return True
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return None
+        except OSError:
+            return False
+        self._pidfds[pid] = fd
+        asyncio.get_running_loop().add_reader(fd, self._exited, pid)
+        return True
+
+    def _exited(self, pid: int) -> None:
+        """`pid` exited: wake whoever waits on it, and forget its pidfd."""
+        fd = self._pidfds.pop(pid)
+        asyncio.get_running_loop().remove_reader(fd)
+        os.close(fd)
+        for woke in self._exit_waiters.pop(pid, set()):
+            if not woke.done():
+                woke.set_result(None)
 
     async def find_marked(self, marker: str) -> list[ProcId]:
         """Processes carrying this server's marker (an earlier run's leftovers)."""

@@ -362,6 +362,7 @@ class ServerLoop:
         """This server in `/status` (secrets redacted)."""
         last = self.svc.incidents.last(self.name)
         argv = redact_argv(list(self.argv))
+        configured = set(redact_argv(list(self.cfg.argv)))
         return {
             "name": self.name,
             "role": self.cfg.role.value,
@@ -378,7 +379,7 @@ class ServerLoop:
                 "rung": self.rung,
                 "levels": dict(self.record.levels),
                 "reason": last.reason if last else "",
-                "flags": [a for a in argv if a not in redact_argv(list(self.cfg.argv))],
+                "flags": [a for a in argv if a not in configured],
             },
             "probes": self.watch.snapshot(),
             "startup": self.watch.startup_view(),

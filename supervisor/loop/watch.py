@@ -80,6 +80,8 @@ class Watch:
         self.paused_fault = ""
         self.held: Outcome | None = None  # a fault seen while paused, acted on at resume
         self.waiting_for = ""
+        self.settings = ProbeSettings()  # this launch's, from the config (a reload replaces them)
+        self._titles: list[str] | None = None
 
     # ---- what the host shows, for the monitor's readers
     def tree_view(self) -> TreeView:
@@ -124,7 +126,12 @@ class Watch:
         return list(self.tree.descendants) if self.tree else []
 
     def titles(self) -> list[str]:
-        """The rank titles this server's tree must show."""
+        """The rank titles this server's tree must show (read from the config once per launch and reload)."""
+        if self._titles is None:
+            self._titles = self._expected_titles()
+        return self._titles
+
+    def _expected_titles(self) -> list[str]:
         cfg = self.loop.cfg
         if cfg.role is Role.ROUTER:
             return []
@@ -142,13 +149,14 @@ class Watch:
     def _new_monitor(self) -> ProbeMonitor:
         loop = self.loop
         base = f"http://127.0.0.1:{loop.port}"
+        self.settings, self._titles = probe_settings(loop), None
         spec = MonitorSpec(
             server=loop.name,
             role=loop.cfg.role.value,
             base_url=base,
             canary_url=self._canary_url(base),
             model=model_name(loop.argv[len(loop.cfg.command) :], loop.cfg.model_path),
-            settings=probe_settings(loop),
+            settings=self.settings,
             tree=self.tree_view,
             gpu=loop.svc.host.gpu_reader(loop.cfg.gpus),
             log_lines=self.new_lines,
@@ -158,8 +166,9 @@ class Watch:
 
     def reconfigure(self) -> None:
         """Probe settings of a reloaded config reach the probes at once."""
+        self.settings, self._titles = probe_settings(self.loop), None
         if self.monitor is not None:
-            self.monitor.reconfigure(probe_settings(self.loop))
+            self.monitor.reconfigure(self.settings)
 
     # ---- the watch
     async def run(self) -> Outcome:
@@ -186,8 +195,12 @@ class Watch:
             outcome = await self.tick(run)
             if outcome is not None:
                 return outcome
+            # asleep until a process of the tree exits, a probe finishes or one is due (at most tick_s)
             pids = [run.pid, *self.rank_pids()]
-            await loop.svc.host.wait_exit(pids, loop.svc.config.supervisor.tick_s, clock)
+            due = min(
+                loop.svc.config.supervisor.tick_s, max(0.0, self.monitor.next_due() - clock.monotonic())
+            )
+            await loop.svc.host.wait_exit(pids, due, clock, self.monitor.ready)
 
     async def tick(self, run: Any) -> Outcome | None:
         """One observe → triage → act step."""
@@ -210,7 +223,7 @@ class Watch:
             role=loop.cfg.role.value,
             phase=loop.state.value if loop.state in (S.STARTING, S.SERVING, S.DEGRADED) else "serving",
             started_at=loop.started_at,
-            settings=probe_settings(loop),
+            settings=self.settings,
             prefills=self._prefills(),
         )
         tree = TreeFacts(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +78,7 @@ class FakeMonitor:
         self.script = script
         self.observations: list[Observation] = []
         self.closed = False
+        self.ready = asyncio.Event()
 
     async def tick(self, now: float) -> list[Observation]:
         new = self.script(now)
@@ -85,6 +87,9 @@ class FakeMonitor:
 
     def window(self) -> list[Observation]:
         return list(self.observations)
+
+    def next_due(self) -> float:
+        return math.inf  # scripted: every tick of tick_s observes
 
     def latest(self, probe: str) -> Observation | None:
         return max((o for o in self.observations if o.probe == probe), key=lambda o: o.at, default=None)
@@ -170,7 +175,9 @@ class FakeHost:
     async def find_marked(self, marker: str) -> list[ProcId]:
         return list(self.leftovers)
 
-    async def wait_exit(self, pids: Sequence[int], timeout: float, clock: Any) -> None:
+    async def wait_exit(
+        self, pids: Sequence[int], timeout: float, clock: Any, wake: asyncio.Event | None = None
+    ) -> None:
         await clock.sleep(timeout)
 
     async def foreign_port_holders(self, cfg: Any) -> list[str]:

@@ -75,7 +75,7 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
     """Unset fields take the documented defaults."""
     config = load_config(write(tmp_path), env={})
     sup, server = config.supervisor, config.servers[0]
-    assert (sup.tick_s, sup.http.host, sup.http.port, sup.http.token_file) == (0.5, "127.0.0.1", 9400, None)
+    assert (sup.tick_s, sup.http.host, sup.http.port, sup.http.token_file) == (1.0, "127.0.0.1", 9400, None)
     r = sup.restart
     assert (r.restarts, r.window_s, r.initial_s, r.factor, r.max_s) == (5, 600, 5, 2, 300)
     assert (r.jitter, r.stable_after_s, r.slow_retry_s) == (0.2, 600, 1800)

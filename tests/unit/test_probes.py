@@ -501,3 +501,26 @@ async def test_routine_local_readings_age_out_but_the_newest_stays() -> None:
         assert max(o.at for o in ranks) == start + 199
     finally:
         await monitor.aclose()
+
+
+@pytest.mark.unit
+async def test_the_loop_sleeps_until_a_probe_is_due_or_one_in_flight_finishes(
+    fake: tuple[FakeServer, str],
+) -> None:
+    """`next_due` skips a probe in flight (no busy wait on it); its end sets `ready`, and the next tick clears it."""
+    server, url = fake
+    server.health_delay = 0.5  # SGLang's /health takes a second: longer than its startup probe period here
+    settings = ProbeSettings(health_period_s=0.2, metrics_period_s=5, health_timeout_s=5)
+    monitor = _bare_monitor(url, settings)
+    try:
+        now = asyncio.get_running_loop().time()
+        await monitor.tick(now)  # /health and the metrics scrape start
+        await monitor.tick(now + 0.3)  # /health is due again but still in flight
+        assert monitor.next_due() == now + 1.0, "the local readings, not the /health in flight"
+        seen: set[str] = set()
+        while "health" not in seen:  # each finished probe wakes the loop (the scrape first, then /health)
+            await asyncio.wait_for(monitor.ready.wait(), 10)
+            seen |= {o.probe for o in await monitor.tick(now + 0.6)}
+            assert not monitor.ready.is_set(), "the tick took what woke it"
+    finally:
+        await monitor.aclose()
