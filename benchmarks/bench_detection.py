@@ -55,18 +55,26 @@ def run_fault(name: str) -> dict[str, Any]:
             with Driver(dep.sim_url, scen.traffic, timeout, lambda: clock.seen is not None) as driver:
                 found = wait_for(lambda: incidents_since(dep, armed_at), timeout, interval=0.2)
         start, source = clock.start(driver.first_at)
-        if not found or start is None:
-            return {"detected": False, "timeout_s": timeout, "fault_start_source": source}
-        first = found[0]
-        return {
-            "detected": True,
-            "fault": first["fault"],
-            "action": first.get("action"),
-            "latency_s": round(float(first["detected_at"]) - start, 3),
-            "supervisor_detection_latency_s": first.get("detection_latency_s"),
-            "fault_start_source": source,
-            "evidence": json.dumps(first.get("evidence"), default=str)[:400],
-        }
+    return _first_incident(found, start, source, timeout)
+
+
+def _first_incident(
+    found: list[dict[str, Any]] | None, start: float | None, source: str, timeout: float
+) -> dict[str, Any]:
+    """The first incident after the fault's start: its kind, action, server and latency (or not detected)."""
+    if not found or start is None:
+        return {"detected": False, "timeout_s": timeout, "fault_start_source": source}
+    first = found[0]
+    return {
+        "detected": True,
+        "fault": first["fault"],
+        "server": first.get("server"),
+        "action": first.get("action"),
+        "latency_s": round(float(first["detected_at"]) - start, 3),
+        "supervisor_detection_latency_s": first.get("detection_latency_s"),
+        "fault_start_source": source,
+        "evidence": json.dumps(first.get("evidence"), default=str)[:400],
+    }
 
 
 def run_zero_fault(name: str) -> dict[str, Any]:
@@ -137,17 +145,7 @@ def run_pd_wedge() -> dict[str, Any]:
         finally:
             dep.cleanup()
             kill_marked(dep.sim)
-    if not found or start is None:
-        return {"detected": False, "timeout_s": DEFAULT_TIMEOUT_S, "fault_start_source": source}
-    first = found[0]
-    return {
-        "detected": True,
-        "fault": first["fault"],
-        "server": first.get("server"),
-        "latency_s": round(float(first["detected_at"]) - start, 3),
-        "fault_start_source": source,
-        "evidence": json.dumps(first.get("evidence"), default=str)[:400],
-    }
+    return _first_incident(found, start, source, DEFAULT_TIMEOUT_S)
 
 
 def _serving_now(dep: Deployment) -> dict[str, Any] | None:
