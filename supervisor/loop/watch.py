@@ -30,9 +30,8 @@ if TYPE_CHECKING:
     from supervisor.loop.server import ServerLoop
 
 S = ServerState
-LOG_SETTLE_S = (
-    0.3  # after a loss, let the reader take the dying process's last lines (less once its output ends)
-)
+# after a loss, let the reader take the dying process's last lines: until its output ends, at most this
+LOG_SETTLE_S = 0.3
 LOG_SETTLE_STEP_S = 0.02
 TAIL_LINES = 300
 
@@ -213,9 +212,7 @@ class Watch:
         losses = self._losses(events)
         if not new and not losses:
             return None  # nothing new to triage: every rule's inputs are unchanged (time rules wait ≤ a probe period)
-        if (
-            losses
-        ):  # the dying tree's last lines decide oom against crash: until its output ends, at most this
+        if losses:  # the dying tree's last lines decide oom against crash
             settle_until = now + LOG_SETTLE_S
             while not run.output_ended() and loop.clock.monotonic() < settle_until:
                 await loop.clock.sleep(LOG_SETTLE_STEP_S)
