@@ -97,14 +97,13 @@ class ProgressTracker:
     counters: dict[str, float] = field(default_factory=dict)
     last_progress_at: float | None = None
     work_since: float | None = None
-    pd_queue: float = 0.0
     pd_since: float | None = None
     idle_at: float | None = None
 
     def reset(self, now: float) -> None:
         """A new launch: counters restart from zero, progress counts from now."""
         self.counters, self.last_progress_at, self.work_since = {}, now, None
-        self.pd_queue, self.pd_since, self.idle_at = 0.0, None, None
+        self.pd_since, self.idle_at = None, None
 
     def update(
         self,
@@ -189,11 +188,10 @@ class ProgressTracker:
         counts, finished requests: the tokenizer's counters, which skip the health check) are.
         """
         if not queue:
-            self.pd_queue, self.pd_since = 0.0, None
+            self.pd_since = None
             return 0.0
         if self.pd_since is None or any(m in REQUEST_TOKENS for m in moved):
             self.pd_since = now
-        self.pd_queue = queue
         return now - self.pd_since
 
 
