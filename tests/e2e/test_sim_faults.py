@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,15 +39,19 @@ def _scenario(name: str) -> dict[str, str]:
     return {"SGLANG_SIM_SCENARIO": name, **FAST}
 
 
+HANG_DEADLINE_S = 60.0  # a time trigger (`after_s`) may fire only after many quick requests have gone through
+
+
 def _hang_one(sim: Sim, pool: ThreadPoolExecutor, body: dict[str, Any] = MEDIUM) -> Future[Any]:
-    """Send requests until one stays open (the wedge), returning its future."""
-    for _ in range(6):
+    """Send requests one after another until one stays open (the wedge), returning its future."""
+    deadline = time.monotonic() + HANG_DEADLINE_S
+    while time.monotonic() < deadline:
         future = pool.submit(sim.post, "/generate", body, 120)
         try:
             future.result(timeout=3)
         except TimeoutError:
             return future
-    raise AssertionError("no request hung")
+    raise AssertionError(f"no request hung within {HANG_DEADLINE_S:.0f} s")
 
 
 def _gpus_when(sim: Sim, check: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
