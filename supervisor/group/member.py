@@ -266,6 +266,7 @@ class GroupMember:
     async def mark_released(self, generation: int) -> None:
         """Record "released for generation G" (GPUs verified free) and publish the phase."""
         await self.client.put(self.released_key(self.params.node_rank), str(generation), self.lease)
+        self.released[self.params.node_rank] = generation  # our own record, before the watch echoes it
         await self.publish(generation, Phase.RELEASED, "stopped")
 
     async def request_restart(

@@ -109,10 +109,14 @@ def test_a_killed_node_1_daemon_restarts_the_group_when_it_returns(
     assert n1.daemon is not None
     os.killpg(n1.daemon.pid, signal.SIGKILL)
     n1.daemon.wait(timeout=10)
-    n0.wait(lambda s: s["state"] == "backoff", READY_S, "node 0 released and waiting at the barrier")
+    n0.wait(
+        lambda s: s["state"] == "backoff" and n0.group()["barrier"]["missing"] == [1],
+        READY_S,
+        "node 0 released and waiting at the barrier for node 1",
+    )
     group = n0.group()
     assert group["generation"] == 2 and "node 1 lost" in group["reason"]
-    assert group["barrier"]["missing"] == [1] and "1" not in group["members"]
+    assert "1" not in group["members"]
     n1.start()
     for n in (n0, n1):
         n.wait(lambda s: s["state"] == "serving", READY_S, "each node serving again")
@@ -145,9 +149,13 @@ def test_a_partitioned_node_never_relaunches_alone(
     n0, n1 = pair
     pid1 = n1.server()["pid"]
     proxy.cut()
-    n0.wait(lambda s: s["state"] == "backoff", READY_S, "node 0 released after node 1's lease expired")
+    n0.wait(
+        lambda s: s["state"] == "backoff" and n0.group()["barrier"]["missing"] == [1],
+        READY_S,
+        "node 0 released after node 1's lease expired, waiting for node 1",
+    )
     n1.wait(lambda s: not n1.group()["etcd_reachable"], READY_S, "node 1 noticing the partition")
-    assert n0.group()["generation"] == 2 and n0.group()["barrier"]["missing"] == [1]
+    assert n0.group()["generation"] == 2
     assert n1.server()["pid"] == pid1 and n1.group()["generation"] == 1
     proxy.heal()
     for n in (n0, n1):
