@@ -20,7 +20,8 @@ run's simulator state dir in their environment):
 
 Per (scenario, tool): detected (the tool acted), seconds from the fault's start, seconds until the server is
 correct again (`/health` 200 and a tool call parsed in stream and non-stream — 16 streams for the leak), whether
-a relaunch reached serving. Each pair gets at most `--bound` seconds (120; `--quick` 45).
+a relaunch reached serving. "Correct again" is the start of the earliest passing check; once the tool has acted a
+check starts every 0.1 s (up to eight side by side), so every tool is timed at the same 0.1 s resolution. Each pair gets at most `--bound` seconds (120; `--quick` 45).
 
 Run: ``.venv/bin/python -m benchmarks.bench_baselines [--quick] [--bound S] [--only SCENARIO ...]``.
 """
@@ -67,6 +68,8 @@ FAULTS = [*SCENARIOS, ORPHANS, PARSER, HEALTHY]
 PRODUCT_RESTART = {"initial_s": 5, "max_s": 300}
 # The supervisor's stream canary first runs `stream_canary_first_s` (30 s) after serving; room for one retry.
 LONG_BOUND_S = {"tool_markup_leak_under_load": 150.0}
+ORACLE_PERIOD_S = 0.1
+ORACLE_IN_FLIGHT = 8
 
 
 class Baseline(abc.ABC):
@@ -302,12 +305,11 @@ def _measure(subject: Subject, scenario: str, bound: float) -> dict[str, Any]:
         if not wait_for(lambda: correct(subject.url)[0], 90, interval=1.0):
             return {"error": "never served correctly before the fault"}
         t0, source = _start_fault(subject, scenario, bound)
-    correct_at: float | None = None
-    while time.time() < t0 + bound:
-        if not zero and subject.actions_since(t0 - 1) and correct(subject.url, streams)[0]:
-            correct_at = time.time()
-            break
-        time.sleep(1.0)  # the oracle's period; a zero-fault window is observed to its end
+    if zero:
+        time.sleep(max(0.0, t0 + bound - time.time()))  # a zero-fault window is observed to its end
+        correct_at = None
+    else:
+        correct_at = _correct_again_at(subject, t0, bound, streams)
     acted = subject.actions_since(t0 - 1)
     launches = None
     with contextlib.suppress(OSError, ValueError, KeyError, AssertionError):
@@ -344,6 +346,34 @@ def _start_fault(subject: Subject, scenario: str, bound: float) -> tuple[float, 
             wait_for(lambda: _started_or_gone(subject, clock, armed), 30, interval=0.1)
             start, source = clock.start(driver.first_at)
     return (start or time.time()), source
+
+
+def _correct_again_at(subject: Subject, t0: float, bound: float, streams: bool) -> float | None:
+    """When the server is correct again after the tool acted: checks start every `ORACLE_PERIOD_S`, side by side
+    (one check takes ≥ 1 s: SGLang's `/health` generates a token), and the answer is the start of the earliest
+    check that passed — a check that began before the new server listened fails at once, so the figure's
+    resolution is the period, the same for every tool."""
+    started: dict[concurrent.futures.Future[tuple[bool, str]], float] = {}
+    passed: list[float] = []
+    in_flight = 2 if streams else ORACLE_IN_FLIGHT  # a check with streams is 16 of them
+    with concurrent.futures.ThreadPoolExecutor(max_workers=in_flight) as pool:
+        while time.time() < t0 + bound and not passed:
+            if not subject.actions_since(t0 - 1):
+                time.sleep(ORACLE_PERIOD_S)
+                continue
+            for fut in [f for f in started if f.done()]:
+                if fut.result()[0]:
+                    passed.append(started[fut])
+            if not passed and sum(not f.done() for f in started) < in_flight:
+                at = time.time()
+                started[pool.submit(correct, subject.url, streams)] = at
+            time.sleep(ORACLE_PERIOD_S)
+        if passed:  # a check that began earlier may still be running: wait for it to decide
+            first = min(passed)
+            for fut, at in started.items():
+                if at < first and fut.result()[0]:
+                    passed.append(at)
+    return min(passed) if passed else None
 
 
 def _started_or_gone(subject: Subject, clock: FaultClock, armed: float) -> bool:
