@@ -140,8 +140,21 @@ def start(
 
 
 def wait_ready(sim: Sim, timeout: float = 90.0) -> None:
-    """Poll until the ready line is logged and `/health` answers 200."""
-    sim.wait_log("The server is fired up and ready to roll!", timeout)
+    """Poll until the ready line is logged and `/health` answers 200; fail at once, with its log, if it exits."""
+
+    def ready() -> str | None:
+        if "The server is fired up and ready to roll!" in sim.log():
+            return "ready"
+        return None if sim.proc.poll() is None else "exited"
+
+    try:
+        outcome = wait_for(ready, timeout, "the ready line")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; {sim.log_path.name} ends:\n{sim.log()[-3000:]}") from None
+    if outcome == "exited":
+        raise AssertionError(
+            f"{sim.log_path.name} exited ({sim.proc.returncode}) before ready:\n{sim.log()[-3000:]}"
+        )
     wait_for(lambda: sim.get("/health").status == 200, timeout, "/health 200")
 
 
