@@ -55,12 +55,12 @@ def test_systemd_analyze_verify_catches_unknown_keys(tmp_path: Path) -> None:
 
 @needs_systemd_analyze
 def test_offline_security_exposure_stays_below_threshold(tmp_path: Path) -> None:
-    """`systemd-analyze security --offline` scores the hardened unit at or below 8.0 (GPU access costs)."""
+    """`systemd-analyze security --offline` scores the hardened unit at or below 7.0 (6.8 now; GPU access, ptrace and the network cost the rest)."""
     assert SYSTEMD_ANALYZE is not None
     unit = tmp_path / "sglang-supervisor.service"
     unit.write_text(with_existing_binary())
     result = subprocess.run(
-        [SYSTEMD_ANALYZE, "security", "--offline=yes", "--threshold=80", "--no-pager", str(unit)],
+        [SYSTEMD_ANALYZE, "security", "--offline=yes", "--threshold=70", "--no-pager", str(unit)],
         capture_output=True,
         text=True,
         timeout=120,
