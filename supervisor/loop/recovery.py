@@ -51,8 +51,15 @@ async def reap_previous(loop: ServerLoop) -> None:
     loop.log.warning("recovery.reap_previous", pids=[p.pid for p in found], run_id=loop.record.run_id)
     report = await release_run(loop, mode="kill", any_run_of=loop.marker, main_pid=None, pgid=None)
     if not report.ok:
-        loop.transition(S.FAILED, f"could not reap the previous run: {report.reason}")
-        await loop.wait_for_operator()
+        what = "could not reap the previous run"
+        if loop.open_incident is not None:  # the recovery a dead daemon left unfinished
+            loop.open_incident = loop.svc.incidents.page(loop.open_incident, f"{what}: {report.reason}")
+        else:
+            loop.svc.incidents.notice(
+                loop.name, loop.clock.wall(), "release_failed", "failed", f"{what}: {report.reason}",
+                {"release": report.to_json()}, loop.argv, loop.rung, severity="page",
+            )  # fmt: skip
+        await until_released(loop, report, what)
 
 
 def spawn_failure(loop: ServerLoop, failed: SpawnFailed) -> Outcome:
@@ -148,11 +155,11 @@ async def recover(loop: ServerLoop, fault: Fault, spawn_failed: str = "") -> Non
     await loop.sleep_interruptible(chosen.delay_s)
 
 
-async def until_released(loop: ServerLoop, report: ReleaseReport) -> None:
+async def until_released(loop: ServerLoop, report: ReleaseReport, what: str = "release failed") -> None:
     """A tree that would not die (a rank in D state, a GPU held): `failed` until an operator acts, and then the
     release is verified again — nothing is launched onto GPUs that are not verified free."""
     while not report.ok and not loop.stopping:
-        loop.transition(S.FAILED, f"release failed: {report.reason}")
+        loop.transition(S.FAILED, f"{what}: {report.reason}")
         await loop.wait_for_operator()
         if loop.stopping:
             return

@@ -398,6 +398,26 @@ async def test_a_process_that_will_not_die_keeps_the_server_failed_and_its_gpus_
         await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
 
 
+async def test_a_leftover_that_cannot_be_reaped_pages_and_blocks_every_launch_until_it_is_gone(
+    tmp_path: Path,
+) -> None:
+    """A daemon starting over a previous run it cannot reap (a rank in D state): failed, paged, no launch — and an
+    operator restart while it is still there verifies again instead of launching onto its GPUs."""
+    host, clock = FakeHost(leftovers=[ProcId(4242, 1.0)], release_ok=False), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.FAILED)
+        assert loop.reason.startswith("could not reap the previous run")
+        assert incidents(d, "release_failed")[0]["severity"] == "page"
+        loop.commands.put_nowait(Command("restart", "try again", "erin"))
+        await until(lambda: len(host.releases) == 2)
+        await until(lambda: loop.state is S.FAILED)
+        assert not host.runs, "never launched while the previous run holds its GPUs"
+        host.release_ok = True
+        loop.commands.put_nowait(Command("restart", "the rank is gone now", "erin"))
+        await until(lambda: len(host.runs) == 1 and loop.state is S.SERVING)
+
+
 async def test_a_daemon_killed_mid_recovery_leaves_one_tree_the_rung_and_a_completed_incident(
     tmp_path: Path,
 ) -> None:
