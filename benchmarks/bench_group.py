@@ -1,4 +1,4 @@
-"""Two daemons, each owning one node of a simulated 2-node tp-4 group, through a real etcd: figures, no asserts.
+"""Two daemons, each owning one node of a simulated 2-node tp-16 group, through a real etcd: figures, no asserts.
 
 Figures: a scheduler rank SIGKILLed on node 1 → both daemons report their node `serving` again (node 0's canary
 passed through both nodes); generation bumps per fault; etcd's write load per minute while the group is idle
@@ -69,7 +69,7 @@ def all_serving(nodes: list[GroupDeployment], g: int) -> bool:
 
 def bench(quick: bool) -> dict[str, Any]:
     """Start etcd and both daemons, measure idle load, then kill a rank on node 1 a few times."""
-    result: dict[str, Any] = {"nnodes": 2, "tp": 4, "lease_ttl_s": 2}
+    result: dict[str, Any] = {"nnodes": 2, "tp": 16, "lease_ttl_s": 2}
     with tempfile.TemporaryDirectory(prefix="bench-group-") as tmp:
         root = Path(tmp)
         etcd = EtcdServer(root)
@@ -96,7 +96,7 @@ def bench(quick: bool) -> dict[str, Any]:
             for i in range(1 if quick else 3):
                 g = generation(nodes[0])
                 t0 = time.monotonic()
-                kill_rank(nodes[1], "sglang::scheduler_TP3")
+                kill_rank(nodes[1], "sglang::scheduler_TP15")
 
                 def settled(g: int = g) -> bool:
                     return all_serving(nodes, g + 1) or generation(nodes[0]) > g + 1

@@ -169,7 +169,7 @@ class ThreadedProxy:
 
 @dataclass
 class GroupDeployment(Deployment):
-    """A daemon whose one server is node `rank` of group "g" (tp 4 over 2 nodes)."""
+    """A daemon whose one server is node `rank` of group "g": tp 16 over 2 nodes, 8 ranks and 8 GPUs on each."""
 
     rank: int = 0
     etcd_url: str = ""
@@ -177,7 +177,7 @@ class GroupDeployment(Deployment):
 
     def write(self) -> None:
         """The deployment's config plus the multi-node flags and the [group] section."""
-        self.tp = 4
+        self.tp, self.local_gpus = 16, 8
         self.extra_args = [
             "--nnodes", "2", "--node-rank", str(self.rank), "--dist-init-addr", self.dist_addr,
         ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""Two daemons, each owning one node of a simulated 2-node tp-4 group, coordinated through a real etcd."""
+"""Two daemons, each owning one node of a simulated 2-node tp-16 group, coordinated through a real etcd."""
 
 from __future__ import annotations
 
@@ -65,12 +65,12 @@ def kill_rank(dep: GroupDeployment, title: str) -> None:
 def test_a_rank_killed_on_node_1_restarts_both_nodes_with_one_bump(
     pair: tuple[GroupDeployment, GroupDeployment],
 ) -> None:
-    """Node 1's TP3 dies: one generation bump, both daemons relaunch their node, both serve again."""
+    """Node 1's TP15 dies: one generation bump, both daemons relaunch their node, both serve again."""
     n0, n1 = pair
     n0.wait(lambda s: bool(n0.group()["group_up"]), READY_S, "node 0 seeing both nodes up")
     assert n0.group()["generation"] == 1
     before = (n0.server()["pid"], n1.server()["pid"])
-    kill_rank(n1, "sglang::scheduler_TP3")
+    kill_rank(n1, "sglang::scheduler_TP15")
     for n in (n0, n1):
         n.wait(
             lambda s: s["state"] == "serving" and s["pid"] not in before,
@@ -90,8 +90,8 @@ def test_both_daemons_detecting_at_once_still_bump_once(
     n0, n1 = pair
     n0.wait(lambda s: bool(n0.group()["group_up"]), READY_S, "node 0 seeing both nodes up")
     before = (n0.server()["pid"], n1.server()["pid"])
-    kill_rank(n0, "sglang::scheduler_TP1")
-    kill_rank(n1, "sglang::scheduler_TP3")
+    kill_rank(n0, "sglang::scheduler_TP7")
+    kill_rank(n1, "sglang::scheduler_TP15")
     for n in (n0, n1):
         n.wait(
             lambda s: s["state"] == "serving" and s["pid"] not in before,

@@ -45,6 +45,8 @@ class Deployment:
     name: str = "sim"
     model: str = "moonshotai/Kimi-K2.5"
     tp: int = 2
+    # GPUs on this host: the whole TP group (0) unless the group spans nodes.
+    local_gpus: int = 0
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     restart: dict[str, float] = field(default_factory=dict)
@@ -72,7 +74,7 @@ class Deployment:
 
     @property
     def devices(self) -> list[Path]:
-        return [self.sim / "dev" / f"nvidia{g}" for g in range(self.tp)]
+        return [self.sim / "dev" / f"nvidia{g}" for g in range(self.local_gpus or self.tp)]
 
     def write(self) -> None:
         args = [
@@ -96,7 +98,7 @@ class Deployment:
             f"name = {q(self.name)}",
             f"command = {json.dumps([sys.executable, '-m', 'simulator.launch_server'])}",
             f"args = {json.dumps(args)}",
-            f"gpus = {list(range(self.tp))}",
+            f"gpus = {list(range(self.local_gpus or self.tp))}",
             f"gpu_device_paths = {json.dumps([str(d) for d in self.devices])}",
             f"ports = [{self.port + 2}]",
             "startup_budget_s = 120",
