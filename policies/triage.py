@@ -246,8 +246,20 @@ def tags(fault: Fault, args: Sequence[str]) -> list[str]:
     return found
 
 
+def spawn_failure(reason: str, command: Sequence[str], now: float) -> Fault:
+    """The launch command could not start at all (missing, not executable): a startup failure no relaunch cures."""
+    evidence = {"spawn": reason, "command": list(command[:1])}
+    return Fault(
+        FaultKind.STARTUP_FAILURE.value, evidence, 1.0, f"the launch command cannot run: {reason}", True, now
+    )
+
+
 def plan(fault: Fault, facts: PlanFacts, now: float) -> Recovery:
     """What to do about `fault`: relaunch (rung, delay), alert only, or fail — with the reason."""
+    if "spawn" in fault.evidence:  # the command cannot run: an operator must fix the host or the config
+        return Recovery(
+            Plan("fail", f"{fault.evidence['spawn']}; operator needed", levels=facts.levels), False
+        )
     kind = FaultKind(fault.kind)
     streak_over = is_stable(facts.serving_since, now, facts.restart)
     restarts = () if streak_over else facts.restarts

@@ -29,4 +29,3 @@ class Outcome:
 
     fault: Fault | None = None
     command: Command | None = None
-    spawn_failed: str = ""  # the launch command could not start: why

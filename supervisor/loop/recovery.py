@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from policies.ladders import PastIncident
 from policies.model import Fault
-from policies.plan import Plan, build_argv
-from policies.states import FaultKind, ServerState
+from policies.plan import build_argv
+from policies.states import ServerState
 from policies.triage import PlanFacts, plan
+from policies.triage import spawn_failure as triage_spawn_failure
 from supervisor.host.forensics import BUDGET_S, Evidence
 from supervisor.host.launcher import SpawnFailed
 from supervisor.host.release import ReleaseReport
@@ -63,16 +64,8 @@ async def reap_previous(loop: ServerLoop) -> None:
 
 
 def spawn_failure(loop: ServerLoop, failed: SpawnFailed) -> Outcome:
-    """The launch command could not start at all: no relaunch will cure it (operator needed)."""
-    fault = Fault(
-        FaultKind.STARTUP_FAILURE.value,
-        {"spawn": failed.reason, "command": list(loop.argv[:1])},
-        1.0,
-        f"the launch command cannot run: {failed.reason}",
-        True,
-        loop.clock.monotonic(),
-    )
-    return Outcome(fault=fault, spawn_failed=failed.reason)
+    """The launch command could not start at all: the triage fails it (no relaunch will cure it)."""
+    return Outcome(fault=triage_spawn_failure(failed.reason, loop.argv, loop.clock.monotonic()))
 
 
 def plan_facts(loop: ServerLoop) -> PlanFacts:
@@ -91,16 +84,13 @@ def plan_facts(loop: ServerLoop) -> PlanFacts:
     )
 
 
-async def recover(loop: ServerLoop, fault: Fault, spawn_failed: str = "") -> None:
+async def recover(loop: ServerLoop, fault: Fault) -> None:
     """Incident, forensics, kill, release, verify, then backoff and relaunch — or failed."""
     now = loop.clock.monotonic()
-    if spawn_failed:
-        chosen = Plan("fail", f"{spawn_failed}; operator needed", levels=loop.record.levels)
-    else:
-        decided = plan(fault, plan_facts(loop), now)
-        if decided.streak_over:
-            loop.restarts.clear()
-        chosen = decided.plan
+    decided = plan(fault, plan_facts(loop), now)
+    if decided.streak_over:
+        loop.restarts.clear()
+    chosen = decided.plan
     latency = max(0.0, now - fault.onset_at) if fault.onset_at is not None else None
     incident = loop.svc.incidents.fault(
         loop.name, loop.clock.wall(), fault, chosen, loop.argv, loop.rung, latency

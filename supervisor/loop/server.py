@@ -190,7 +190,7 @@ class ServerLoop:
         if outcome.command is not None:
             await recovery.planned_restart(self, outcome.command)
         elif outcome.fault is not None:
-            await recovery.recover(self, outcome.fault, outcome.spawn_failed)
+            await recovery.recover(self, outcome.fault)
 
     async def step_failed(self, exc: Exception) -> None:
         """An unexpected error in a step: kill what runs (never two trees), page, wait for an operator."""

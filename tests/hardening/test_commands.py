@@ -6,7 +6,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from supervisor.config import load_config
 from supervisor.host.preflight import foreign_port_holders, port_holders
 from supervisor.host.proctree import RUN_MARKER
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.hardening
 
@@ -112,9 +112,6 @@ def test_a_leftover_of_our_own_run_is_not_foreign(
     cfg = load_config(write(tmp_path, [sys.executable], port), env={}).servers[0]
     assert [h.ours for h in port_holders([port])] == [True]
     assert foreign_port_holders(cfg) == []
-    deadline = time.monotonic() + 10
     proc.kill()
     proc.wait(timeout=10)
-    while port_holders([port]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert port_holders([port]) == []
+    wait_for(lambda: not port_holders([port]), 10, f"port {port} without holders")

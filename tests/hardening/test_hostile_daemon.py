@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.hardening
 
@@ -98,10 +99,12 @@ def _get(url: str) -> tuple[int, Any]:
 
 def _watch(proc: subprocess.Popen[bytes], url: str, seconds: float) -> dict[str, Any]:
     """Poll /healthz and /status and the daemon's RSS for `seconds` (after it first answers)."""
-    deadline = time.monotonic() + 60
-    while _get_quiet(url + "/healthz") is None:
-        assert proc.poll() is None and time.monotonic() < deadline, "the daemon did not come up"
-        time.sleep(0.1)
+
+    def up() -> bool:
+        assert proc.poll() is None, "the daemon exited before it answered"
+        return _get_quiet(url + "/healthz") is not None
+
+    wait_for(up, 60, "the daemon answering /healthz", interval=0.1)
     seen: dict[str, Any] = {"healthz": [], "rss": [], "ages": [], "status": {}, "failed": set()}
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -138,11 +141,16 @@ def test_a_slow_but_correct_server_reaches_serving_without_an_incident(tmp_path:
     with daemon(tmp_path, "slow_valid") as (proc, url):
         seen = _watch(proc, url, WATCH_S)
         status = seen["status"]
-        deadline = time.monotonic() + 120  # every canary takes seconds here: a loaded host needs longer
-        while status["servers"][0]["state"] == "starting" and time.monotonic() < deadline:
-            assert proc.poll() is None, "the daemon exited"
-            time.sleep(0.5)
-            status = _get(url + "/status")[1]
+        if (
+            status["servers"][0]["state"] == "starting"
+        ):  # every canary takes seconds here: a loaded host needs longer
+
+            def past_starting() -> dict[str, Any] | None:
+                assert proc.poll() is None, "the daemon exited"
+                body = _get(url + "/status")[1]
+                return None if body["servers"][0]["state"] == "starting" else dict(body)
+
+            status = wait_for(past_starting, 120, "the slow server past starting", interval=0.5)
     server = status["servers"][0]
     assert server["state"] == "serving" and not server["unproven"], server
     assert status["incidents"] == []

@@ -23,6 +23,7 @@ import psutil
 
 from tests.support.daemon import Deployment, q, toml_value
 from tests.support.real_sglang import RealSglangError, cache_root
+from tests.support.wait import wait_for
 
 BUILDER = Path(__file__).resolve().parent / "build_models.py"
 SCRIPTED = "scripted-qwen2.5"  # answers every prompt with get_weather({"city": "Paris"}) in Qwen markup
@@ -231,13 +232,13 @@ def metric(base_url: str, name: str) -> float:
 
 def wait_running(base_url: str, n: int, timeout: float) -> None:
     """Poll until the server reports at least `n` running requests."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def running() -> bool:
         with contextlib.suppress(OSError, ValueError):
-            if metric(base_url, "sglang:num_running_reqs") >= n:
-                return
-        time.sleep(0.2)
-    raise AssertionError(f"fewer than {n} requests running after {timeout} s")
+            return metric(base_url, "sglang:num_running_reqs") >= n
+        return False
+
+    wait_for(running, timeout, f"at least {n} requests running", interval=0.2)
 
 
 def pids_alive(pids: set[int]) -> set[int]:

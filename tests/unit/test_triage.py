@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from policies.model import Fault, Observation, ProbeSettings
-from policies.triage import PlanFacts, ServerFacts, TreeFacts, plan, promotion, tags, triage
+from policies.triage import PlanFacts, ServerFacts, TreeFacts, plan, promotion, spawn_failure, tags, triage
 
 pytestmark = pytest.mark.unit
 NOW = 1000.0
@@ -156,3 +156,13 @@ def test_no_wedge_before_the_first_200_while_starting() -> None:
     assert triage([stalled], TreeFacts(), facts("starting"), NOW).fault is None
     after = triage([obs("health", status=200), stalled], TreeFacts(), facts("starting"), NOW)
     assert after.fault is not None and after.fault.kind == "decode_wedge"
+
+
+def test_a_command_that_cannot_run_is_failed_at_once_whatever_the_restart_budget() -> None:
+    """A spawn failure (missing or non-executable command) is planned as `fail`: no relaunch can cure it."""
+    fault = spawn_failure(
+        "No such file or directory: '/opt/venv/bin/python'", ["/opt/venv/bin/python", "-m"], 5.0
+    )
+    assert fault.kind == "startup_failure" and fault.evidence["command"] == ["/opt/venv/bin/python"]
+    chosen = plan(fault, _facts(), now=10.0).plan
+    assert chosen.action == "fail" and chosen.reason.endswith("operator needed")
