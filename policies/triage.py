@@ -79,6 +79,9 @@ class Triage:
     unproven: str = ""  # serving although the canary never passed: the warning for status and alerts
     waiting_for: str = ""  # while starting: what the gate still waits for
     proven: bool = False  # the newest tool canary passed (clears a serving-unproven warning)
+    cleared: frozenset[str] = (
+        frozenset()
+    )  # alert-only fault kinds whose newest canary now passes (degraded ends)
 
 
 def _healthy_once(window: Sequence[Observation]) -> bool:
@@ -202,8 +205,12 @@ def triage(window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, n
     fault = diagnose(window, ctx, now)
     if fault is not None and advisory and fault.kind == FaultKind.PARSER_MISCONFIG:
         fault = Fault(fault.kind, fault.evidence, fault.confidence, fault.reason, False, fault.onset_at)
-    tool = _latest(window, "canary_tool")
-    return Triage(fault=fault, proven=tool is not None and canary_values(tool).get("verdict") == "pass")
+    tool, stream = _latest(window, "canary_tool"), _latest(window, "canary_stream")
+    proven = tool is not None and canary_values(tool).get("verdict") == "pass"
+    cleared = {FaultKind.PARSER_MISCONFIG.value} if proven else set()
+    if stream is not None and canary_values(stream).get("verdict") == "pass":
+        cleared.add(FaultKind.STREAM_LEAK.value)
+    return Triage(fault=fault, proven=proven, cleared=frozenset(cleared))
 
 
 def quiet(window: Sequence[Observation]) -> bool:

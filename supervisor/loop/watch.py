@@ -23,6 +23,7 @@ from policies.triage import ServerFacts, TreeFacts, promotion, quiet, triage
 from supervisor.host import proctree
 from supervisor.loop.commands import Command, Outcome
 from supervisor.loop.host import MonitorSpec, ProbeMonitor
+from supervisor.records.incident import Incident
 from supervisor.redaction import server_api_key
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class Watch:
         self.cursor = 0
         self.monitor: ProbeMonitor | None = None
         self.seen_ranks: set[str] = set()
-        self.degraded_alerted = False
+        self.degraded: tuple[Incident, float] | None = None  # the alert-only incident and when (monotonic)
         self.paused_fault = ""
         self.held: Outcome | None = None  # a fault seen while paused, acted on at resume
         self.waiting_for = ""
@@ -177,7 +178,7 @@ class Watch:
         if self.monitor is not None:
             await self.monitor.aclose()
         self.monitor = self._new_monitor()  # per launch: this launch's port, model and settings
-        self.tree, self.cursor, self.degraded_alerted, self.paused_fault = None, 0, False, ""
+        self.tree, self.cursor, self.degraded, self.paused_fault = None, 0, None, ""
         self.seen_ranks, self.held, self.waiting_for = set(), None, ""
         self.monitor.reset(clock.monotonic())
         run = loop.run
@@ -237,6 +238,8 @@ class Watch:
             loop.transition(S.STARTING, f"waiting for {result.waiting_for}")
         if loop.state in (S.SERVING, S.DEGRADED) and loop.unproven and result.proven:
             loop.set_unproven("")
+        if loop.state is S.DEGRADED and result.fault is None and self.degraded is not None:
+            self._undegrade(result.cleared)
         if loop.state is S.SERVING and not loop.paused:
             return self._promotion(window, now)
         return None
@@ -281,12 +284,11 @@ class Watch:
                 metrics.canary(self.loop.name, obs.probe, str(verdict))
 
     def _degrade(self, fault: Fault) -> None:
-        if self.degraded_alerted:
+        if self.degraded is not None:
             return
-        self.degraded_alerted = True
         loop = self.loop
         loop.transition(S.DEGRADED, f"{fault.kind}: {fault.reason}")
-        loop.svc.incidents.notice(
+        incident = loop.svc.incidents.notice(
             loop.name,
             loop.clock.wall(),
             fault.kind,
@@ -296,6 +298,18 @@ class Watch:
             loop.argv,
             loop.rung,
         )
+        self.degraded = (incident, loop.clock.monotonic())
+
+    def _undegrade(self, cleared: frozenset[str]) -> None:
+        """Degraded ends when the canary whose failure caused it passes again: serving, the alert resolved."""
+        assert self.degraded is not None
+        incident, since = self.degraded
+        if incident.fault not in cleared:
+            return
+        loop = self.loop
+        self.degraded = None
+        loop.transition(S.SERVING, f"{incident.fault} cleared: the newest canary passed")
+        loop.svc.incidents.resolve(incident, loop.clock.wall(), loop.clock.monotonic() - since)
 
     def _observe_paused(self, fault: Fault) -> None:
         if self.paused_fault == fault.kind:

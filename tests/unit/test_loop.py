@@ -272,6 +272,27 @@ async def test_stream_leak_degrades_without_a_restart(tmp_path: Path) -> None:
         assert host.releases == [] and len(incidents(d, "stream_leak")) == 1
 
 
+async def test_degraded_ends_when_the_stream_canary_passes_again(tmp_path: Path) -> None:
+    """degraded → serving: the leak's canary passes again; the alert-only incident is resolved, nothing restarted."""
+    leak = Observation(
+        "canary_stream", 0.0, False, "fail: leaks", 1.0, {"verdict": "fail", "leaks": ["<tool_call>"]}
+    )
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        host.script = lambda now: [*healthy(now), leak]
+        await until(lambda: loop.state is S.DEGRADED)
+        host.script = lambda now: [
+            *healthy(now),
+            Observation("canary_stream", now, True, "pass", 1.0, {"verdict": "pass"}),
+        ]
+        await until(lambda: loop.state is S.SERVING)
+        assert loop.reason == "stream_leak cleared: the newest canary passed"
+        await until(lambda: incidents(d, "stream_leak")[-1]["recovered_at"] is not None)
+        assert host.releases == [] and len(host.runs) == 1
+
+
 async def test_previous_run_is_reaped_before_the_first_launch(tmp_path: Path) -> None:
     """Processes a dead daemon left (found by marker) are reaped before anything launches."""
     from supervisor.host.proctree import ProcId
