@@ -151,6 +151,9 @@ class CanaryValues(TypedDict, total=False):
     failed: dict[str, str]
     single_ok: bool | None
     fail_rate: float
+    rid: str  # the request id of a canary (to find it in the server's log)
+    actual: dict[str, Any]  # config_check: the server's parser settings
+    expected: dict[str, Any]  # config_check: what the config says they must be
 
 
 def health_values(obs: Observation) -> HealthValues:

@@ -26,7 +26,7 @@ from policies.leaks import (
     judge_reasoning,
     judge_tool,
 )
-from policies.model import Observation, ProbeSettings
+from policies.model import CanaryValues, Observation, ProbeSettings
 from probes.base import auth_headers, read_capped
 
 TOOL_NAME = "get_weather"
@@ -221,15 +221,14 @@ async def _read_stream(resp: aiohttp.ClientResponse, max_bytes: int) -> ChatResu
     return reassemble(events, done)
 
 
-def _observation(probe: str, verdict: Verdict, start: float, **values: Any) -> Observation:
+def _observation(
+    probe: str, verdict: Verdict, start: float, extra: CanaryValues | None = None
+) -> Observation:
     end = time.monotonic()
-    body = {
-        "verdict": verdict.verdict,
-        "reason": verdict.reason,
-        "leaks": list(verdict.leaks),
-        "cities": list(verdict.cities),
-        **values,
-    }
+    body = CanaryValues(
+        verdict=verdict.verdict, reason=verdict.reason, leaks=list(verdict.leaks), cities=list(verdict.cities)
+    )
+    body.update(extra or {})
     return Observation(
         probe, end, verdict.verdict == PASS, f"{verdict.verdict}: {verdict.reason}", end - start, body
     )
@@ -251,7 +250,7 @@ async def tool_canary(
     )
     v_plain = judge_tool(plain, TOOL_NAME, city)
     if v_plain.verdict == FAIL or not v_plain.answered:
-        return _observation("canary_tool", _prefixed(v_plain, "non-stream"), start, rid=rid)
+        return _observation("canary_tool", _prefixed(v_plain, "non-stream"), start, CanaryValues(rid=rid))
     streamed = await chat(
         session,
         url,
@@ -260,7 +259,7 @@ async def tool_canary(
         api_key=settings.api_key,
     )
     v_stream = judge_tool(streamed, TOOL_NAME, city)
-    return _observation("canary_tool", judge_pair(v_plain, v_stream), start, rid=rid)
+    return _observation("canary_tool", judge_pair(v_plain, v_stream), start, CanaryValues(rid=rid))
 
 
 def _prefixed(v: Verdict, how: str) -> Verdict:
@@ -318,8 +317,14 @@ async def config_check(session: aiohttp.ClientSession, base_url: str, settings: 
     ]
     if wrong:
         return _observation(
-            "config_check", Verdict(FAIL, "; ".join(wrong)), start, actual=actual, expected=expected
+            "config_check",
+            Verdict(FAIL, "; ".join(wrong)),
+            start,
+            CanaryValues(actual=actual, expected=expected),
         )
     return _observation(
-        "config_check", Verdict(PASS, "parsers as expected"), start, actual=actual, expected=expected
+        "config_check",
+        Verdict(PASS, "parsers as expected"),
+        start,
+        CanaryValues(actual=actual, expected=expected),
     )

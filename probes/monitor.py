@@ -29,7 +29,16 @@ import aiohttp
 
 from policies.diagnose import STRONG_STALL_FRACTION
 from policies.leaks import INCONCLUSIVE, PASS
-from policies.model import Observation, ProbeSettings, TreeView
+from policies.model import (
+    Observation,
+    ProbeSettings,
+    TreeView,
+    canary_values,
+    gpu_values,
+    logs_values,
+    progress_values,
+    ranks_values,
+)
 from probes.canary import config_check, reasoning_canary, tool_canary
 from probes.gpu_probe import GpuWatch
 from probes.health import probe_health
@@ -205,7 +214,7 @@ class Monitor:
             self._armed.add("canary_tool")
             self._due["canary_tool"] = now
         if kind == "canary_tool":
-            verdict = str(obs.values.get("verdict"))
+            verdict = str(canary_values(obs).get("verdict"))
             self._canary_history.append(verdict)
             retry = verdict == INCONCLUSIVE
             self._due["canary_tool"] = now + (
@@ -218,8 +227,8 @@ class Monitor:
                 self._due["canary_stream"] = now + min(s.stream_canary_period_s, s.stream_canary_first_s)
         if kind == "canary_stream" and s.stream_canary_on:
             self._due["canary_stream"] = now + s.stream_canary_period_s
-        if kind == "progress" and obs.values.get("work"):
-            period = BUSY_SCRAPE_S if obs.values.get("moved") else SUSPECT_SCRAPE_S
+        if kind == "progress" and progress_values(obs).get("work"):
+            period = BUSY_SCRAPE_S if progress_values(obs).get("moved") else SUSPECT_SCRAPE_S
             self._due["progress"] = min(self._due.get("progress", now), now + period)
         return obs
 
@@ -235,11 +244,11 @@ class Monitor:
         tree = self._safe(self._tree, None)
         if tree is not None:
             ranks = observe_ranks(tree, self._cpu, now)
-            self._cpu = dict(ranks.values["cpu_s"])
+            self._cpu = dict(ranks_values(ranks).get("cpu_s", {}))
             out.append(ranks)
         if self._gpu_read is not None:
             gpu = self._gpu.observe(self._gpu_read, now)
-            if gpu.values.get("busy"):
+            if gpu_values(gpu).get("busy"):
                 self._gpu_busy_at = now
             out.append(gpu)
         return out
@@ -267,7 +276,7 @@ class Monitor:
         if self._launch("canary_stream", now, None, self._stream):
             self._due.pop("canary_stream", None)
         progress = self._latest.get("progress")
-        stalled = float(progress.values.get("stalled_s", 0.0)) if progress else 0.0
+        stalled = float(progress_values(progress).get("stalled_s", 0.0)) if progress else 0.0
         episode = self._progress.work_since
         if episode is None or "stacks" in self._tasks:
             return
@@ -347,5 +356,5 @@ def _routine(obs: Observation) -> bool:
     if obs.probe == "ranks":
         return obs.ok
     if obs.probe == "gpu":
-        return obs.ok and not obs.values.get("xids")
-    return obs.probe == "logs" and not obs.values.get("hits")
+        return obs.ok and not gpu_values(obs).get("xids")
+    return obs.probe == "logs" and not logs_values(obs).get("hits")
