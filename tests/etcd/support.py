@@ -167,6 +167,23 @@ class ThreadedProxy:
         self.loop.close()
 
 
+def group_section(server: str, rank: int, etcd_url: str, lease_ttl_s: float, barrier_timeout_s: float) -> str:
+    """The `[group]` tables of node `rank` of the 2-node group "g" whose member is `server`."""
+    lines = [
+        "[group]",
+        'name = "g"',
+        f"server = {q(server)}",
+        f"node_rank = {rank}",
+        "nnodes = 2",
+        f"lease_ttl_s = {lease_ttl_s}",
+        f"barrier_timeout_s = {barrier_timeout_s}",
+        "[group.etcd]",
+        f"endpoints = [{q(etcd_url)}]",
+        "timeout_s = 2",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 @dataclass
 class GroupDeployment(Deployment):
     """A daemon whose one server is node `rank` of group "g": tp 16 over 2 nodes, 8 ranks and 8 GPUs on each."""
@@ -186,20 +203,8 @@ class GroupDeployment(Deployment):
             self.probes = {**self.probes, "canary_mode": "off", "stream_canary_period_s": 0}
         self.restart = {"initial_s": 0.2, "max_s": 1.0, **self.restart}
         super().write()
-        group = [
-            "[group]",
-            'name = "g"',
-            'server = "sim"',
-            f"node_rank = {self.rank}",
-            "nnodes = 2",
-            "lease_ttl_s = 2",
-            "barrier_timeout_s = 60",
-            "[group.etcd]",
-            f"endpoints = [{q(self.etcd_url)}]",
-            "timeout_s = 2",
-        ]
         with self.config_path.open("a") as fh:
-            fh.write("\n".join(group) + "\n")
+            fh.write(group_section(self.name, self.rank, self.etcd_url, lease_ttl_s=2, barrier_timeout_s=60))
 
     def group(self) -> dict[str, Any]:
         """The `group` block of /status."""
