@@ -255,16 +255,18 @@ async def test_release_failure_is_failed_and_paged(tmp_path: Path) -> None:
     assert incidents(d, "crash")[0]["severity"] == "page"
 
 
+STREAM_LEAK = Observation(
+    "canary_stream", 0.0, False, "fail: leaks", 1.0, {"verdict": "fail", "leaks": ["<tool_call>"]}
+)
+
+
 async def test_stream_leak_degrades_without_a_restart(tmp_path: Path) -> None:
     """A leak only under concurrent streams: `degraded`, one alert, the tree untouched."""
-    leak = Observation(
-        "canary_stream", 0.0, False, "fail: leaks", 1.0, {"verdict": "fail", "leaks": ["<tool_call>"]}
-    )
     host, clock = FakeHost(), FakeClock()
     d = daemon(tmp_path, host, clock)
     async with running(d) as loop:
         await until(lambda: loop.state is S.SERVING)
-        host.script = lambda now: [*healthy(now), leak]
+        host.script = lambda now: [*healthy(now), STREAM_LEAK]
         await until(lambda: loop.state is S.DEGRADED)
         clock.t += 30
         for _ in range(200):
@@ -274,14 +276,11 @@ async def test_stream_leak_degrades_without_a_restart(tmp_path: Path) -> None:
 
 async def test_degraded_ends_when_the_stream_canary_passes_again(tmp_path: Path) -> None:
     """degraded → serving: the leak's canary passes again; the alert-only incident is resolved, nothing restarted."""
-    leak = Observation(
-        "canary_stream", 0.0, False, "fail: leaks", 1.0, {"verdict": "fail", "leaks": ["<tool_call>"]}
-    )
     host, clock = FakeHost(), FakeClock()
     d = daemon(tmp_path, host, clock)
     async with running(d) as loop:
         await until(lambda: loop.state is S.SERVING)
-        host.script = lambda now: [*healthy(now), leak]
+        host.script = lambda now: [*healthy(now), STREAM_LEAK]
         await until(lambda: loop.state is S.DEGRADED)
         host.script = lambda now: [
             *healthy(now),
