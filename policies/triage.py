@@ -79,9 +79,8 @@ class Triage:
     unproven: str = ""  # serving although the canary never passed: the warning for status and alerts
     waiting_for: str = ""  # while starting: what the gate still waits for
     proven: bool = False  # the newest tool canary passed (clears a serving-unproven warning)
-    cleared: frozenset[str] = (
-        frozenset()
-    )  # alert-only fault kinds whose newest canary now passes (degraded ends)
+    # alert-only fault kinds whose newest canary now passes (a degraded server serves again)
+    cleared: frozenset[str] = frozenset()
 
 
 def _healthy_once(window: Sequence[Observation]) -> bool:
