@@ -166,3 +166,17 @@ def test_a_command_that_cannot_run_is_failed_at_once_whatever_the_restart_budget
     assert fault.kind == "startup_failure" and fault.evidence["command"] == ["/opt/venv/bin/python"]
     chosen = plan(fault, _facts(), now=10.0).plan
     assert chosen.action == "fail" and chosen.reason.endswith("operator needed")
+
+
+def test_a_passing_canary_clears_the_alert_only_fault_it_had_found() -> None:
+    """While degraded: the newest stream canary passing clears a stream leak, the tool canary a parser failure."""
+    leak = obs("canary_stream", ok=False, at=NOW - 60, verdict="fail", leaks=["<tool_call>"])
+    clean = obs("canary_stream", at=NOW, verdict="pass")
+    still = triage([obs("health", status=200), leak], TreeFacts(), facts("degraded"), NOW)
+    assert still.fault is not None and still.fault.kind == "stream_leak" and not still.cleared
+    now_clean = triage([obs("health", status=200), leak, clean], TreeFacts(), facts("degraded"), NOW)
+    assert now_clean.fault is None and now_clean.cleared == {"stream_leak"}
+    tool_ok = triage(
+        [obs("health", status=200), obs("canary_tool", verdict="pass")], TreeFacts(), facts(), NOW
+    )
+    assert "parser_misconfig" in tool_ok.cleared
