@@ -101,9 +101,8 @@ class StuckFs:
                     self._reply(unique, errno.ENOENT)
             elif opcode == _GETATTR:
                 self._reply(unique, body=struct.pack("<QII", 60, 0, 0) + _attr(node))
-            elif (
-                opcode == _OPEN
-            ):  # FOPEN_DIRECT_IO: every read is a request the reader waits on, no page cache
+            elif opcode == _OPEN:
+                # FOPEN_DIRECT_IO: every read is a request the reader waits on, no page cache
                 self._reply(unique, body=struct.pack("<QII", 0, 1, 0))
             elif opcode == _READ:
                 self.held.append(unique)
@@ -113,9 +112,13 @@ class StuckFs:
                 self._reply(unique, errno.ENOSYS)
 
     def close(self) -> None:
-        """Abort the connection (every held read fails with ENOTCONN) and detach the mount."""
+        """Abort the connection (every held read fails with ENOTCONN) and detach the mount; a second call does nothing
+        (the fd number may belong to someone else by then)."""
+        if self._fd < 0:
+            return
         self._stop.set()
         self._thread.join(timeout=10)
+        fd, self._fd = self._fd, -1
         with contextlib.suppress(OSError):
-            os.close(self._fd)  # the last reference to the connection: the kernel aborts it
+            os.close(fd)  # the last reference to the connection: the kernel aborts it
         subprocess.run(["umount", "-l", str(self.mountpoint)], capture_output=True, timeout=30, check=False)
