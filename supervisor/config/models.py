@@ -148,6 +148,11 @@ class ServerConfig(_Model):
         return self.positive_arg("--port") or SGLANG_DEFAULT_PORT
 
     @property
+    def base_url(self) -> str:
+        """Where the probes reach this server's HTTP port."""
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
     def tp_size(self) -> int:
         """Tensor-parallel size (`--tp-size` or its alias or abbreviation), default 1."""
         return self.positive_arg("--tp-size") or 1

@@ -143,12 +143,12 @@ class Watch:
             return base
         for cfg in self.loop.svc.config.servers:
             if cfg.role is Role.ROUTER:
-                return f"http://127.0.0.1:{cfg.http_port}"
+                return cfg.base_url
         return base
 
     def _new_monitor(self) -> ProbeMonitor:
         loop = self.loop
-        base = f"http://127.0.0.1:{loop.port}"
+        base = loop.cfg.base_url
         self.settings, self._titles = probe_settings(loop), None
         spec = MonitorSpec(
             server=loop.name,
