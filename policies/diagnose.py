@@ -7,8 +7,9 @@ Order of precedence (the first rule that holds decides; later rules only add not
 3. `crash`      — a rank missing or zombie, the main process gone, a fail-stop line, Xid 13/31/43.
                   While `starting` the same evidence is reported as `startup_failure`.
 4. `startup_failure` — an init death, port collision, /dev/shm bus error, graph-capture failure.
-5. `collective_hang` — work stalled AND (rank stacks in different collectives, all in one collective, or GPUs
-                  spinning at ≥95 % utilisation on ≤35 % power); or an NCCL/Gloo collective timeout line.
+5. `collective_hang` — work stalled AND (rank stacks in different collectives — a TP desync, tag `tp_desync` —,
+                  all in one collective, or GPUs spinning at ≥95 % utilisation on ≤35 % power); or an NCCL/Gloo
+                  collective timeout line.
                   Strong evidence decides early, after `STRONG_STALL_FRACTION` of `stall_after_s` (5 s of the
                   default 20 s): ranks in different collectives, every rank in one blocking collective, or GPUs
                   spinning in every GPU reading of that span (at least two). Weak evidence — frozen counters
@@ -203,6 +204,7 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
                 onset=onset,
                 stacks=frames,
                 progress=stall,
+                tags=["tp_desync"],
             )
         all_in = sv.get("all_in")
         blocking = all_in is not None and all_in not in NOT_BLOCKING

@@ -243,12 +243,17 @@ class Recovery:
 
 
 def tags(fault: Fault, args: Sequence[str]) -> list[str]:
-    """Evidence tags that pick a ladder variant: from the diagnosis, the argv, the evidence text."""
+    """Tags that pick a ladder variant: the causes the evidence names, else what the argv suggests.
+
+    A cause in the evidence (`tp_desync`: ranks in different collectives; `illegal_memory_access`) decides
+    the cure; `spec_decode` (the argv runs speculative decoding) picks a variant only when the evidence names
+    no cause — a TP desync on a speculative-decoding server keeps it and gets the desync's cure.
+    """
     found = [str(t) for t in fault.evidence.get("tags", ()) if isinstance(t, str)]
-    if argv_reader.value(args, "--speculative-algorithm"):
-        found.append("spec_decode")
-    if "illegal memory access" in str(fault.evidence).lower():
+    if "illegal_memory_access" not in found and "illegal memory access" in str(fault.evidence).lower():
         found.append("illegal_memory_access")
+    if not found and argv_reader.value(args, "--speculative-algorithm"):
+        found.append("spec_decode")
     return found
 
 
