@@ -164,10 +164,18 @@ def expected_parsers(model_path: str) -> ExpectedParsers | None:
     return found[1] if found else None
 
 
-# Names SGLang accepts for the same detector (`qwen25` is deprecated in favour of `qwen`).
-_SAME = {"qwen25": "qwen", "glm": "glm45"}
+# `--tool-call-parser` names that SGLang 0.5.23 serves with one detector built the same way, → one name for them:
+# the deprecated `qwen25` and `glm45` (rewritten to `qwen` and `glm` at startup, so `/server_info` reports the new
+# name), and the other keys of the Qwen3-Coder XML detector. Reasoning parser names have no such aliases: names
+# that share a detector class differ in when reasoning is forced on.
+_SAME_TOOL = {"qwen25": "qwen", "glm45": "glm", "step3p5": "qwen3_coder", "nanbeige": "qwen3_coder"}
 
 
-def parsers_match(expected: str | None, actual: str | None) -> bool:
-    """True when two parser settings select the same detector (aliases such as qwen25/qwen agree)."""
-    return _SAME.get(expected or "", expected) == _SAME.get(actual or "", actual)
+def parsers_match(expected: str | None, actual: str | None, *, reasoning: bool = False) -> bool:
+    """True when two `--tool-call-parser` (or, with `reasoning`, `--reasoning-parser`) settings parse alike.
+
+    Aliases agree (`qwen25` and `qwen`, `glm45` and `glm`); None (the flag unset) matches only None.
+    """
+    if reasoning:
+        return expected == actual
+    return _SAME_TOOL.get(expected or "", expected) == _SAME_TOOL.get(actual or "", actual)

@@ -27,6 +27,7 @@ from policies.leaks import (
     judge_tool,
 )
 from policies.model import CanaryValues, Observation, ProbeSettings
+from policies.parsers_table import parsers_match
 from probes.base import auth_headers, read_capped
 
 TOOL_NAME = "get_weather"
@@ -281,6 +282,13 @@ async def reasoning_canary(
     return _observation("canary_reasoning", judge_reasoning(result, REASONING_ANSWER), start)
 
 
+def _parses_as(key: str, expected: str, actual: object) -> bool:
+    """`/server_info`'s `key` names the expected parser or an alias of it (a value not a string never does)."""
+    if actual is not None and not isinstance(actual, str):
+        return False
+    return parsers_match(expected, actual, reasoning=key == "reasoning_parser")
+
+
 async def config_check(session: aiohttp.ClientSession, base_url: str, settings: ProbeSettings) -> Observation:
     """`/server_info` parser settings against the expected ones (probe `config_check`; None = not checked)."""
     start = time.monotonic()
@@ -313,7 +321,9 @@ async def config_check(session: aiohttp.ClientSession, base_url: str, settings: 
         return _observation("config_check", Verdict(INCONCLUSIVE, reason, answered=False), start)
     actual = {k: info.get(k) for k in expected}
     wrong = [
-        f"{k}={actual[k]!r} (expected {v!r})" for k, v in expected.items() if v is not None and actual[k] != v
+        f"{k}={actual[k]!r} (expected {v!r})"
+        for k, v in expected.items()
+        if v is not None and not _parses_as(k, v, actual[k])
     ]
     if wrong:
         return _observation(
