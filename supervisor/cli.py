@@ -71,34 +71,35 @@ def main(argv: list[str] | None = None) -> int:
     return cmd_demo(args.scenario, args.print_config, args.port)
 
 
+def _invalid(path: Path, errors: str) -> int:
+    """Every config error with its field path on stderr; EX_CONFIG, which systemd does not restart."""
+    print(f"{path}: invalid configuration", file=sys.stderr)
+    print(errors, file=sys.stderr)
+    return EX_CONFIG
+
+
 def cmd_check(path: Path) -> int:
-    """Exit 0 when valid; otherwise every error with its field path, exit 1, no traceback."""
+    """Exit 0 when `run` would start; otherwise every error with its field path, exit 78, no traceback.
+
+    The config is loaded and built by the same code as `run` (`supervisor.config.prepare`), then each server's
+    args and ladder flags are checked against its own SGLang's `--help`.
+    """
     from supervisor.config import ConfigError, load_config
+    from supervisor.config.prepare import prepare
+    from supervisor.redaction import secret_file_warnings
 
     try:
         cfg = load_config(path)
+        prepare(cfg)
     except ConfigError as exc:
-        print(f"{path}: invalid configuration", file=sys.stderr)
-        print(exc.format_errors(), file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
-        return 1
-    from supervisor.host.preflight import command_problems
-    from supervisor.redaction import secret_file_warnings
-
+        return _invalid(path, exc.format_errors())
     for warning in secret_file_warnings(cfg):
         print(f"warning: {warning}", file=sys.stderr)
-    unrunnable = command_problems(cfg)
-    if unrunnable:
-        print(f"{path}: a server's command cannot run", file=sys.stderr)
-        print("\n".join(unrunnable), file=sys.stderr)
-        return 1
     problems = check_target_flags(cfg)
     if problems:
         print(f"{path}: the target rejects some flags", file=sys.stderr)
         print("\n".join(problems), file=sys.stderr)
-        return 1
+        return EX_CONFIG
     print(f"{path}: ok ({len(cfg.servers)} server(s): {', '.join(s.name for s in cfg.servers)})")
     return 0
 
@@ -137,21 +138,9 @@ def cmd_run(path: Path, level: str) -> int:
 
     configure(level)
     try:
-        cfg = load_config(path)
+        daemon = Daemon(load_config(path), path)
     except ConfigError as exc:
-        print(exc.format_errors(), file=sys.stderr)
-        return EX_CONFIG
-    except OSError as exc:
-        print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
-        return EX_CONFIG
-    from supervisor.host.preflight import command_problems
-
-    unrunnable = command_problems(cfg)
-    if unrunnable:
-        print("\n".join(unrunnable), file=sys.stderr)
-        return EX_CONFIG
-    try:
-        daemon = Daemon(cfg, path)
+        return _invalid(path, exc.format_errors())
     except GpuBackendUnavailable as exc:
         print(f"GPU backend unavailable: {exc}", file=sys.stderr)
         return 1

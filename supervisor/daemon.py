@@ -19,6 +19,7 @@ from policies.pd import start_order
 from policies.states import ServerState, worst
 from supervisor.alerts.from_config import build_dispatcher
 from supervisor.config import Config, ConfigError, load_config
+from supervisor.config.prepare import prepare
 from supervisor.group.etcd import EtcdClient
 from supervisor.group.member import GroupMember
 from supervisor.group.report import GroupReporter
@@ -53,6 +54,7 @@ class Daemon:
     ) -> None:
         self.config = config
         self.config_path = config_path
+        prepared = prepare(config)  # ConfigError naming the field: what check-config refuses, run refuses
         register_config(config)
         for warning in secret_file_warnings(config):
             log.warning("config.secret_file_readable", warning=warning)
@@ -65,11 +67,11 @@ class Daemon:
             host = RealHost(backend, gpu_enabled=sup.gpu_backend != "none")
         self.clock = clock or SystemClock()
         self.journal = IncidentJournal(Path(sup.state_dir) / "incidents.jsonl")
-        self.alerts = build_dispatcher(config.alerts, self.metrics)
+        self.alerts = build_dispatcher(config.alerts, list(prepared.sinks), self.metrics)
         self.group: GroupMember | None = None
         self.group_reporter: GroupReporter | None = None
-        if config.group is not None:
-            self.group = GroupMember(config.group.params(), EtcdClient(config.group.etcd.settings()))
+        if config.group is not None and prepared.etcd is not None:
+            self.group = GroupMember(config.group.params(), EtcdClient(prepared.etcd))
             self.group_reporter = GroupReporter(self.group, self.metrics)
         self.svc = Services(
             config=config,
@@ -205,8 +207,7 @@ class Daemon:
             aio.add_signal_handler(sig, self.stop_event.set)
         aio.add_signal_handler(signal.SIGHUP, self.reload)
         aio.add_signal_handler(signal.SIGQUIT, lambda: log.warning("signal.sigquit_ignored"))
-        if self.alerts is not None:
-            await self.alerts.start()
+        await self.alerts.start()
         await self.status.start()
         ticker = asyncio.create_task(self.tick())
         tasks = [asyncio.create_task(loop.run_forever(), name=f"server.{loop.name}") for loop in self.loops]
@@ -229,8 +230,7 @@ class Daemon:
                 log.error("server.task_failed", task=task.get_name(), error=repr(task.exception()))
         ticker.cancel()
         await self.status.stop()
-        if self.alerts is not None:
-            await self.alerts.aclose(5.0)
+        await self.alerts.aclose(5.0)
         self.svc.save_state()
         log.info("daemon.stopped")
         return 0

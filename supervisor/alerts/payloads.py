@@ -6,7 +6,7 @@ out. Each sink turns them into one `SinkRequest`; `supervisor.alerts.dispatcher.
 
 Generic webhook signature
 -------------------------
-Every generic-webhook request carries two headers::
+With an HMAC secret configured, every generic-webhook request carries two headers (without one, neither)::
 
     X-SGLSup-Timestamp: <Unix seconds, integer>
     X-SGLSup-Signature: sha256=<hex HMAC-SHA256(secret, timestamp + "." + raw body)>
@@ -271,12 +271,12 @@ class AlertSink(ABC):
 
 
 class WebhookSink(AlertSink):
-    """Generic JSON webhook, signed with HMAC-SHA256 (see the module docstring for verification)."""
+    """Generic JSON webhook, signed with HMAC-SHA256 when a key is given (see the module docstring)."""
 
     def __init__(
         self,
         url: SecretStr,
-        hmac_key: SecretStr,
+        hmac_key: SecretStr | None = None,
         *,
         name: str = "webhook",
         runbook_base: str = "runbook.md",
@@ -287,16 +287,12 @@ class WebhookSink(AlertSink):
 
     def request(self, incident: Incident, status: str, now: float) -> SinkRequest:
         body = _json(generic_payload(incident, status, self.runbook(incident), self.source))
-        timestamp = str(int(now))
-        return SinkRequest(
-            self._url,
-            body,
-            {
-                "Content-Type": "application/json",
-                TIMESTAMP_HEADER: timestamp,
-                SIGNATURE_HEADER: sign(self._key.get_secret_value().encode(), timestamp, body),
-            },
-        )
+        headers = {"Content-Type": "application/json"}
+        if self._key is not None:
+            timestamp = str(int(now))
+            headers[TIMESTAMP_HEADER] = timestamp
+            headers[SIGNATURE_HEADER] = sign(self._key.get_secret_value().encode(), timestamp, body)
+        return SinkRequest(self._url, body, headers)
 
 
 class SlackSink(AlertSink):

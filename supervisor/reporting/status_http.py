@@ -23,16 +23,28 @@ log = structlog.get_logger()
 MAX_CONTROL_BODY = 16 * 1024
 
 
+def load_token(path: Path) -> str:
+    """The control token in `path` (stripped); OSError when unreadable, ValueError when empty."""
+    try:
+        token = Path(path).read_text()[:4096].strip()
+    except UnicodeDecodeError:
+        raise ValueError("a file holding the bearer token as UTF-8 text") from None
+    if not token:
+        raise ValueError("a file holding the bearer token (it is empty)")
+    return token
+
+
 def read_token(path: Path | None) -> str | None:
-    """The control token from its file (stripped), or None when not configured or unreadable."""
+    """The control token from its file, or None when not configured, unreadable or empty."""
     if path is None:
         return None
     try:
-        token = Path(path).read_text()[:4096].strip()
+        return load_token(path)
     except OSError as exc:
         log.error("control.token_unreadable", path=str(path), error=exc.strerror)
-        return None
-    return token or None
+    except ValueError as exc:
+        log.error("control.token_unreadable", path=str(path), error=str(exc))
+    return None
 
 
 class StatusSource(Protocol):

@@ -46,7 +46,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("kind", ["missing", "not_executable", "directory", "not_on_path"])
 def test_a_command_that_cannot_run_is_a_config_error(tmp_path: Path, kind: str) -> None:
-    """check-config exits 1 and run exits 78 (no restart by systemd), both naming servers[0].command and why."""
+    """check-config and run both exit 78 (no restart by systemd), both naming servers[0].command and why."""
     script = tmp_path / "serve.sh"
     script.write_text("#!/bin/sh\nexit 0\n")
     script.chmod(0o644)
@@ -58,7 +58,7 @@ def test_a_command_that_cannot_run_is_a_config_error(tmp_path: Path, kind: str) 
     }[kind]
     path = write(tmp_path, [program, "-m", "sglang.launch_server"])
     checked = cli("check-config", "--config", str(path))
-    assert checked.returncode == 1
+    assert checked.returncode == 78
     assert "servers[0].command (a)" in checked.stderr and program in checked.stderr
     ran = cli("run", "--config", str(path))
     assert ran.returncode == 78 and "servers[0].command (a)" in ran.stderr

@@ -27,8 +27,8 @@ def _config(tmp_path: Path, extra: list[str]) -> Path:
 def test_check_config_reports_a_launch_flag_the_target_rejects(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`--cuda-graph-max-bs` (ambiguous in SGLang 0.5.23) is reported with its field; a clean config passes."""
-    assert main(["check-config", "--config", str(_config(tmp_path, ["--cuda-graph-max-bs", "8"]))]) == 1
+    """`--cuda-graph-max-bs` (ambiguous in SGLang 0.5.23) is reported with its field, exit 78; a clean one passes."""
+    assert main(["check-config", "--config", str(_config(tmp_path, ["--cuda-graph-max-bs", "8"]))]) == 78
     assert "servers[0].args: --cuda-graph-max-bs is not accepted" in capsys.readouterr().err
     assert (
         main(["check-config", "--config", str(_config(tmp_path, ["--cuda-graph-max-bs-decode", "8"]))]) == 0
