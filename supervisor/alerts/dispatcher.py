@@ -5,6 +5,10 @@ queue drops and counts). A worker task per sink rate-limits, posts with a per-at
 network errors, timeouts, 408, 429 and 5xx with exponential backoff and jitter (tenacity); other 4xx are
 final. Every outcome is counted in `sglang_supervisor_alert_deliveries_total{sink,outcome}`.
 
+`reconfigure(sinks, ...)` (a reload) swaps the sinks without losing alerts: what is queued for a sink, or being
+sent to it, moves to the new sink of the same name (a fixed URL or secret delivers it); a removed sink's worker
+gets `RETIRE_S` to deliver its queue.
+
 The sinks and the secret readers live in `payloads` and are re-exported here: import them from this module.
 Log lines and errors name the sink, never a URL or key.
 """
@@ -54,6 +58,7 @@ log = structlog.get_logger("supervisor.alerts.dispatcher")
 
 _MAX_RESPONSE_BYTES = 4096
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+RETIRE_S = 30.0  # a sink removed by a reload delivers what it had queued within this time
 
 
 class DeliveryError(Exception):
@@ -99,6 +104,8 @@ class _Lane:
     queue: asyncio.Queue[tuple[Incident, str]]
     bucket: TokenBucket
     task: asyncio.Task[None] | None = None
+    sending: tuple[Incident, str] | None = None  # what the worker is delivering (retries included)
+    handed_over: bool = False  # its alerts moved to a new lane of the same sink (a reload)
 
 
 class AlertDispatcher:
@@ -116,16 +123,9 @@ class AlertDispatcher:
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 60.0,
     ) -> None:
-        if queue_size < 1:
-            raise ValueError(f"queue_size must be >= 1, got {queue_size}")
-        names = [s.name for s in sinks]
-        if len(set(names)) != len(names):
-            raise ValueError(f"sink names must be unique, got {names}")
-        self._lanes = [
-            _Lane(s, asyncio.Queue(maxsize=queue_size), TokenBucket(rate_limit_per_min, time.monotonic))
-            for s in sinks
-        ]
         self._metrics = metrics
+        self._lanes = self._new_lanes(sinks, queue_size, rate_limit_per_min)
+        self._retiring: set[asyncio.Task[None]] = set()
         self._timeout_s = attempt_timeout_s
         self._max_attempts = max_attempts
         self._backoff = wait_exponential_jitter(
@@ -133,9 +133,25 @@ class AlertDispatcher:
         )
         self._backoff_max_s = backoff_max_s
         self._session: aiohttp.ClientSession | None = None
-        for s in sinks:
-            if metrics is not None:
-                metrics.declare_sink(s.name)
+
+    def _new_lanes(self, sinks: Sequence[AlertSink], queue_size: int, rate_per_min: float) -> list[_Lane]:
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be >= 1, got {queue_size}")
+        names = [s.name for s in sinks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sink names must be unique, got {names}")
+        for name in names:
+            if self._metrics is not None:
+                self._metrics.declare_sink(name)
+        return [
+            _Lane(s, asyncio.Queue(maxsize=queue_size), TokenBucket(rate_per_min, time.monotonic))
+            for s in sinks
+        ]
+
+    @property
+    def sink_names(self) -> list[str]:
+        """The names of the sinks alerts go to now."""
+        return [lane.sink.name for lane in self._lanes]
 
     def fire(self, incident: Incident) -> None:
         """Queue a firing alert for every sink; returns at once."""
@@ -151,7 +167,82 @@ class AlertDispatcher:
             return
         self._session = aiohttp.ClientSession(headers={"User-Agent": "sglang-supervisor"})
         for lane in self._lanes:
-            lane.task = asyncio.create_task(self._work(lane), name=f"alerts.{lane.sink.name}")
+            self._start_worker(lane)
+
+    def _start_worker(self, lane: _Lane) -> None:
+        lane.task = asyncio.create_task(self._work(lane), name=f"alerts.{lane.sink.name}")
+
+    def reconfigure(
+        self,
+        sinks: Sequence[AlertSink],
+        *,
+        queue_size: int,
+        rate_limit_per_min: float,
+        attempt_timeout_s: float,
+        max_attempts: int,
+    ) -> None:
+        """Deliver through `sinks` from now on; no alert queued for a sink kept by name is lost (see above)."""
+        lanes = self._new_lanes(sinks, queue_size, rate_limit_per_min)
+        self._timeout_s, self._max_attempts = attempt_timeout_s, max_attempts
+        successors = {lane.sink.name: lane for lane in lanes}
+        old, self._lanes = self._lanes, lanes
+        for lane in old:
+            successor = successors.get(lane.sink.name)
+            if successor is not None:
+                self._hand_over(lane, successor)
+            else:
+                self._retire(lane)
+        if self._session is not None:
+            for lane in lanes:
+                self._start_worker(lane)
+
+    def _hand_over(self, lane: _Lane, successor: _Lane) -> None:
+        """Move what `lane` is sending and has queued to `successor`, in order; stop its worker."""
+        lane.handed_over = True
+        pending = [lane.sending] if lane.sending is not None else []
+        while not lane.queue.empty():
+            pending.append(lane.queue.get_nowait())
+            lane.queue.task_done()
+        if lane.task is not None:
+            lane.task.cancel()
+            self._track(lane.task)
+            lane.task = None
+        for incident, status in pending:
+            self._put(successor, incident, status)
+
+    def _retire(self, lane: _Lane) -> None:
+        """A removed sink: its worker delivers what is queued within RETIRE_S, then stops."""
+        if lane.task is None:
+            self._drop_left(lane)
+            return
+        self._track(asyncio.create_task(self._drain(lane, RETIRE_S), name=f"alerts.{lane.sink.name}.retire"))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _drain(self, lane: _Lane, timeout_s: float) -> None:
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await lane.queue.join()
+        finally:
+            await self._stop(lane)
+
+    async def _stop(self, lane: _Lane) -> None:
+        if lane.task is not None:
+            lane.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lane.task
+            lane.task = None
+        self._drop_left(lane)
+
+    def _drop_left(self, lane: _Lane) -> None:
+        while not lane.queue.empty():
+            incident, status = lane.queue.get_nowait()
+            lane.queue.task_done()
+            self._count(lane.sink, "dropped")
+            log.warning("alert.dropped", sink=lane.sink.name, incident=incident.id, status=status)
 
     async def aclose(self, timeout_s: float = 5.0) -> None:
         """Deliver what is queued within `timeout_s`, then stop; what is left is counted as dropped."""
@@ -159,34 +250,30 @@ class AlertDispatcher:
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                await asyncio.gather(*(lane.queue.join() for lane in self._lanes))
+                joins = (lane.queue.join() for lane in self._lanes)
+                await asyncio.gather(*joins, *self._retiring, return_exceptions=True)
+        for task in list(self._retiring):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for lane in self._lanes:
-            if lane.task is not None:
-                lane.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await lane.task
-                lane.task = None
-            while not lane.queue.empty():
-                incident, status = lane.queue.get_nowait()
-                self._count(lane.sink, "dropped")
-                log.warning("alert.dropped", sink=lane.sink.name, incident=incident.id, status=status)
+            await self._stop(lane)
         await self._session.close()
         self._session = None
 
     def _enqueue(self, incident: Incident, status: str) -> None:
         incident = incident.redacted()  # no key in argv, evidence or reason reaches a sink
         for lane in self._lanes:
-            try:
-                lane.queue.put_nowait((incident, status))
-            except asyncio.QueueFull:
-                self._count(lane.sink, "dropped")
-                log.warning(
-                    "alert.dropped",
-                    sink=lane.sink.name,
-                    incident=incident.id,
-                    status=status,
-                    why="queue full",
-                )
+            self._put(lane, incident, status)
+
+    def _put(self, lane: _Lane, incident: Incident, status: str) -> None:
+        try:
+            lane.queue.put_nowait((incident, status))
+        except asyncio.QueueFull:
+            self._count(lane.sink, "dropped")
+            log.warning(
+                "alert.dropped", sink=lane.sink.name, incident=incident.id, status=status, why="queue full"
+            )
 
     def _count(self, sink: AlertSink, outcome: str) -> None:
         if self._metrics is not None:
@@ -194,16 +281,18 @@ class AlertDispatcher:
 
     async def _work(self, lane: _Lane) -> None:
         while True:
-            incident, status = await lane.queue.get()
+            lane.sending = incident, status = await lane.queue.get()
             try:
                 delay = lane.bucket.reserve()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 await self._deliver(lane.sink, incident, status)
             except asyncio.CancelledError:
-                self._count(lane.sink, "failed")
+                if not lane.handed_over:
+                    self._count(lane.sink, "failed")
                 raise
             finally:
+                lane.sending = None
                 lane.queue.task_done()
 
     def _wait(self, state: RetryCallState) -> float:
