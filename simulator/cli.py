@@ -142,6 +142,16 @@ class SimServerArgs:
         """The model name clients must send: `--served-model-name`, else `--model-path`."""
         return self.served_model_name or self.model_path
 
+    def url(self) -> str:
+        """SGLang's `ServerArgs.url()`: where its own requests (the warmup) reach it; a wildcard is loopback."""
+        host = self.host[1:-1] if self.host.startswith("[") and self.host.endswith("]") else self.host
+        host = "127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+    def listen_url(self) -> str:
+        """The address as uvicorn prints it in `Uvicorn running on …` (an IPv6 host in brackets)."""
+        return f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
+
     def server_info(self) -> dict[str, object]:
         """The `server_args` part of SGLang's `/server_info` body (field -> value); the API key is masked."""
         info: dict[str, object] = {

@@ -295,7 +295,7 @@ async def serve(launch: Launch, hub: Hub | None = None) -> None:
     uvicorn(f"Started server process [{os.getpid()}]")
     uvicorn("Waiting for application startup.")
     uvicorn("Application startup complete.")
-    uvicorn(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
+    uvicorn(f"Uvicorn running on {args.listen_url()} (Press CTRL+C to quit)")
     loop.add_signal_handler(signal.SIGTERM, crash.sigterm)
     loop.add_signal_handler(signal.SIGQUIT, crash.sigquit)
     tasks = [asyncio.create_task(warmup(launch, server)), asyncio.create_task(crash.subprocess_watchdog())]
@@ -306,8 +306,7 @@ async def serve(launch: Launch, hub: Hub | None = None) -> None:
 async def warmup(launch: Launch, server: SimServer) -> None:
     """SGLang's warmup thread: wait for /model_info, send one generate, then declare the server ready."""
     args = launch.args
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    base = f"http://{host}:{args.port}"
+    base = args.url()
     if getattr(args, "skip_server_warmup", False):
         launch.state.status = "Up"
         log("The server is fired up and ready to roll!")

@@ -188,7 +188,7 @@ async def serve_worker(launch: Launch, follower: Follower) -> None:
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port, reuse_address=True).start()
-    uvicorn(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
+    uvicorn(f"Uvicorn running on {args.listen_url()} (Press CTRL+C to quit)")
 
     def stop() -> None:
         launch.marker.unlink(missing_ok=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +18,13 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from supervisor.host.cleanup import busy_ports
 from supervisor.host.proctree import RUN_MARKER, display_name, read_markers
 
 if TYPE_CHECKING:
     from supervisor.config import Config, ServerConfig
+
+LOOPBACK = "127.0.0.1"
 
 
 def command_problem(command: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:
@@ -71,20 +73,20 @@ class PortHolder:
         return f"port {self.port} held by {who}" + (" of a previous run" if self.ours else "")
 
 
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """True when binding `host:port` fails (someone listens, or holds it bound)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
+def port_addresses(cfg: ServerConfig) -> dict[str, list[int]]:
+    """Where the server binds the ports it owns, address → ports: its HTTP port at its `--host` (a wildcard as
+    itself: the launch needs the port free on every address), its extra `ports` at loopback (their address is
+    not configured; a loopback bind also meets a holder of the wildcard)."""
+    out = {cfg.bind_host: [cfg.http_port]}
+    extra = sorted(set(cfg.ports) - {cfg.http_port})
+    if extra:
+        out.setdefault(LOOPBACK, []).extend(extra)
+    return out
 
 
-def port_holders(ports: Sequence[int], host: str = "127.0.0.1") -> list[PortHolder]:
-    """Who holds each of `ports` (only ports that cannot be bound are listed)."""
-    busy = [p for p in dict.fromkeys(ports) if port_in_use(p, host)]
+def port_holders(ports: Sequence[int], host: str = LOOPBACK) -> list[PortHolder]:
+    """Who holds each of `ports` bound at `host` (only ports that cannot be bound there are listed)."""
+    busy = busy_ports(host, list(dict.fromkeys(ports)))
     if not busy:
         return []
     listeners: dict[int, int | None] = {}
@@ -102,7 +104,7 @@ def port_holders(ports: Sequence[int], host: str = "127.0.0.1") -> list[PortHold
     return holders
 
 
-def foreign_port_holders(cfg: ServerConfig, host: str = "127.0.0.1") -> list[PortHolder]:
-    """Holders of the server's HTTP and extra ports that are not processes of ours."""
-    ports = sorted({cfg.http_port, *cfg.ports})
-    return [h for h in port_holders(ports, host) if not h.ours]
+def foreign_port_holders(cfg: ServerConfig) -> list[PortHolder]:
+    """Holders of the server's HTTP and extra ports, where it binds them, that are not processes of ours."""
+    held = [h for host, ports in port_addresses(cfg).items() for h in port_holders(ports, host)]
+    return [h for h in held if not h.ours]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config import ServerConfig, SupervisorConfig
-from supervisor.host import cleanup, gpu, reaper
+from supervisor.host import cleanup, gpu, preflight, reaper
 from supervisor.host.proctree import ProcId
 
 
@@ -39,9 +39,15 @@ class ReleaseReport:
         }
 
 
-def owned_ports(cfg: ServerConfig) -> list[int]:
-    """The ports the server owns and must find free before a launch: its HTTP port and `ports`."""
-    return sorted({cfg.http_port, *cfg.ports})
+def wait_ports_free(cfg: ServerConfig, deadline_s: float) -> cleanup.PortsResult:
+    """Poll, within one deadline, until every port the server owns can be bound where it binds it."""
+    start = time.monotonic()
+    result = cleanup.PortsResult(True, "ports free", (), 0.0)
+    for host, ports in preflight.port_addresses(cfg).items():
+        result = cleanup.wait_ports_free(host, ports, max(0.0, deadline_s - (time.monotonic() - start)))
+        if not result.ok:
+            break
+    return result
 
 
 async def stop_and_release(
@@ -96,9 +102,7 @@ async def stop_and_release(
     if not verified.ok:
         return _fail(report, f"GPUs not free: {verified.reason}")
     t2 = time.monotonic()
-    ports = await asyncio.to_thread(
-        cleanup.wait_ports_free, "127.0.0.1", owned_ports(cfg), sup.release_deadline_s
-    )
+    ports = await asyncio.to_thread(wait_ports_free, cfg, sup.release_deadline_s)
     report.steps["verify_ports_free"] = time.monotonic() - t2
     if not ports.ok:
         return _fail(report, f"ports not free: {ports.reason}")
