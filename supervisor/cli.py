@@ -1,4 +1,4 @@
-"""`sglang-supervisor`: run, check-config, status, restart|pause|resume, demo, drill."""
+"""`sglang-supervisor`: run, check-config, status, restart|pause|resume, demo, drill, install-unit, files."""
 
 from __future__ import annotations
 
@@ -50,7 +50,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     drill.add_argument("scenario", help="a simulator fault scenario (e.g. overlap_tp_desync_hang)")
     drill.add_argument("--timeout", type=float, default=180.0, help="give up after this many seconds")
+    _packaging_parsers(p, sub)
     return p
+
+
+def _packaging_parsers(p: argparse.ArgumentParser, sub: Any) -> None:
+    """`--version`, `install-unit` and `files`: the packaged files (supervisor/install.py)."""
+    from supervisor import packaged
+
+    force_help = "replace an edited file (the old one kept as .bak)"
+    p.add_argument("--version", action="version", version=f"%(prog)s {packaged.version()}")
+    unit = sub.add_parser("install-unit", help="install the systemd unit and its env file for this venv")
+    unit.add_argument("--prefix", type=Path, default=Path("/"), help="install under this root (default /)")
+    unit.add_argument("--dry-run", action="store_true", help="say what would be written; write nothing")
+    unit.add_argument("--force", action="store_true", help=force_help)
+    files = sub.add_parser("files", help="print where a packaged file is, or copy it into DIR")
+    files.add_argument("kind", choices=sorted(packaged.KINDS))
+    files.add_argument("dir", nargs="?", type=Path, help="copy the files into this directory")
+    files.add_argument("--force", action="store_true", help=force_help)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         from supervisor.training.drill import run_drill
 
         return run_drill(args.scenario, args.timeout)
+    if args.cmd == "install-unit":
+        from supervisor.install import install_unit
+
+        return install_unit(args.prefix, dry_run=args.dry_run, force=args.force)
+    if args.cmd == "files":
+        from supervisor.install import copy_files
+
+        return copy_files(args.kind, args.dir, force=args.force)
     return cmd_demo(args.scenario, args.print_config, args.port)
 
 
