@@ -25,8 +25,6 @@ from supervisor.alerts.dispatcher import (
 from supervisor.config import AlertsConfig, ConfigError, FieldError
 from supervisor.reporting.metrics import SupervisorMetrics
 
-RUNBOOK_BASE = "runbook.md"  # alerts link to runbook.md#<fault-kind>
-
 
 class _Secrets:
     """Reads the secrets of the sinks, collecting one `FieldError` per secret that cannot be read."""
@@ -55,9 +53,10 @@ class _Secrets:
         return None
 
 
-def build_sinks(cfg: AlertsConfig, runbook_base: str = RUNBOOK_BASE) -> list[AlertSink]:
+def build_sinks(cfg: AlertsConfig) -> list[AlertSink]:
     """Every configured sink; ConfigError naming each secret that is missing or unreadable."""
     secrets = _Secrets()
+    runbook_base = cfg.runbook_url
     sinks: list[AlertSink] = []
     if cfg.webhook is not None:
         hook = cfg.webhook

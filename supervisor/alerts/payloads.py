@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from supervisor import packaged
 from supervisor.records.incident import Incident
 
 ALERT_NAME = "SglangSupervisorIncident"
@@ -64,7 +65,7 @@ def pagerduty_severity(incident: Incident) -> str:
 
 
 def runbook_url(base: str, fault: str) -> str:
-    """The runbook section of a fault kind: `<base>#<fault>`."""
+    """The runbook section of a fault kind: `<base>#<fault>` (base: `[alerts] runbook_url`)."""
     return f"{base}#{fault}"
 
 
@@ -249,9 +250,9 @@ def _json(data: Any) -> bytes:
 class AlertSink(ABC):
     """Turns an incident and a status (`firing`/`resolved`) into one HTTP request."""
 
-    def __init__(self, name: str, url: SecretStr, runbook_base: str, source: str | None) -> None:
+    def __init__(self, name: str, url: SecretStr, runbook_base: str | None, source: str | None) -> None:
         self.name = name
-        self.runbook_base = runbook_base
+        self.runbook_base = runbook_base or packaged.runbook_url()
         self.source = source or socket.gethostname()
         self._url = url
 
@@ -279,7 +280,7 @@ class WebhookSink(AlertSink):
         hmac_key: SecretStr | None = None,
         *,
         name: str = "webhook",
-        runbook_base: str = "runbook.md",
+        runbook_base: str | None = None,
         source: str | None = None,
     ) -> None:
         super().__init__(name, url, runbook_base, source)
@@ -303,7 +304,7 @@ class SlackSink(AlertSink):
         url: SecretStr,
         *,
         name: str = "slack",
-        runbook_base: str = "runbook.md",
+        runbook_base: str | None = None,
         source: str | None = None,
     ) -> None:
         super().__init__(name, url, runbook_base, source)
@@ -323,7 +324,7 @@ class PagerDutySink(AlertSink):
         *,
         url: str = EVENTS_URL,
         name: str = "pagerduty",
-        runbook_base: str = "runbook.md",
+        runbook_base: str | None = None,
         source: str | None = None,
     ) -> None:
         super().__init__(name, SecretStr(url), runbook_base, source)
@@ -349,7 +350,7 @@ class AlertmanagerSink(AlertSink):
         *,
         name: str = "alertmanager",
         firing_ttl_s: float = 12 * 3600.0,
-        runbook_base: str = "runbook.md",
+        runbook_base: str | None = None,
         source: str | None = None,
     ) -> None:
         super().__init__(name, SecretStr(base_url.rstrip("/") + "/api/v2/alerts"), runbook_base, source)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -14,10 +13,10 @@ from policies.argv import FlagTable
 from policies.ladders import DEFAULT_LADDERS, Ladder, parse_ladders
 from policies.parsers_table import expected_parsers
 from policies.pd import Role
+from supervisor import packaged
 from supervisor.config.group import GroupConfig
 
 SGLANG_DEFAULT_PORT = 30000
-SGLANG_DEFAULT_HOST = "127.0.0.1"
 SGLANG_HEALTH_TIMEOUT_S = 20  # SGLANG_HEALTH_CHECK_TIMEOUT's default inside SGLang
 
 
@@ -150,17 +149,9 @@ class ServerConfig(_Model):
         return self.positive_arg("--port") or SGLANG_DEFAULT_PORT
 
     @property
-    def bind_host(self) -> str:
-        """Where the server binds its HTTP port: `--host` (an IPv6 literal without brackets), default 127.0.0.1."""
-        raw = self.arg("--host")
-        if raw is None:
-            return SGLANG_DEFAULT_HOST
-        return raw[1:-1] if raw.startswith("[") and raw.endswith("]") else raw
-
-    @property
     def base_url(self) -> str:
-        """Where the probes reach this server's HTTP port: its `bind_host` as SGLang's `ServerArgs.url()` makes it."""
-        return f"http://{url_host(self.bind_host)}:{self.http_port}"
+        """Where the probes reach this server's HTTP port."""
+        return f"http://127.0.0.1:{self.http_port}"
 
     @property
     def tp_size(self) -> int:
@@ -219,17 +210,6 @@ class ServerConfig(_Model):
         return out[0], out[1]
 
 
-def url_host(host: str) -> str:
-    """A bind address as the host of a URL that reaches it from this machine."""
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return host or SGLANG_DEFAULT_HOST  # a name (`localhost`, the machine's), or empty: every address
-    if ip.version == 6:
-        return "[::1]" if ip.is_unspecified else f"[{host}]"
-    return SGLANG_DEFAULT_HOST if ip.is_unspecified else host
-
-
 class WebhookSinkConfig(_Model):
     """`[alerts.webhook]`: generic JSON webhook, optionally HMAC-signed."""
 
@@ -260,8 +240,9 @@ class AlertmanagerSinkConfig(_Model):
 
 
 class AlertsConfig(_Model):
-    """`[alerts]`: sinks and delivery limits."""
+    """`[alerts]`: sinks, delivery limits and the base of the runbook links."""
 
+    runbook_url: str = Field(default_factory=packaged.runbook_url, pattern=r"^(https?|file)://[^\s#]+$")
     webhook: WebhookSinkConfig | None = None
     slack: SlackSinkConfig | None = None
     pagerduty: PagerDutySinkConfig | None = None

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from supervisor import packaged
 from supervisor.alerts.dispatcher import AlertDispatcher, AlertmanagerSink
 from supervisor.records.incident import Incident
 from supervisor.reporting.metrics import SupervisorMetrics
@@ -154,7 +155,7 @@ async def test_fire_then_resolve_through_real_alertmanager(
             ]
             assert alert["labels"]["alertname"] == "SglangSupervisorIncident"
             assert alert["labels"]["severity"] == "critical"
-            assert alert["annotations"]["runbook_url"] == "runbook.md#collective_hang"
+            assert alert["annotations"]["runbook_url"] == f"{packaged.runbook_url()}#collective_hang"
 
             async def notified(status: str) -> bool:
                 return any(

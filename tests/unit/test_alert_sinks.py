@@ -15,6 +15,7 @@ from aiohttp import web
 from pydantic import SecretStr
 from structlog.testing import capture_logs
 
+from supervisor import packaged
 from supervisor.alerts.dispatcher import (
     AlertDispatcher,
     AlertmanagerSink,
@@ -142,7 +143,7 @@ async def test_webhook_receiver_verifies_hmac_of_every_payload(receiver: Receive
             max_skew_s=300,
         )
     assert receiver.json(0)["incident"]["id"] == INCIDENT.id
-    assert receiver.json(0)["runbook_url"] == "runbook.md#decode_wedge"
+    assert receiver.json(0)["runbook_url"] == f"{packaged.runbook_url()}#decode_wedge"
 
 
 def test_verify_signature_rejects_tampering_wrong_key_and_stale_timestamps() -> None:
