@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-TIERS = ("real", "e2e", "real_serving", "etcd", "hardening", "process", "unit")
+TIERS = ("real", "wheel", "e2e", "real_serving", "etcd", "hardening", "process", "unit")
 
 
 def tier_of(path: Path) -> str | None:
