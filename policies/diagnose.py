@@ -77,12 +77,11 @@ def _fault(
     kind: str,
     reason: str,
     confidence: float,
-    restart: bool = True,
     onset: float | None = None,
     **evidence: Any,
 ) -> Fault:
     tags = [t for t in evidence.pop("tags", ()) if t]
-    return Fault(kind, {**evidence, "tags": tags}, confidence, reason, restart, onset)
+    return Fault(kind, {**evidence, "tags": tags}, confidence, reason, onset)
 
 
 def _log_fault(w: Window, kind: str, confidence: float, as_kind: str | None = None) -> Fault | None:
@@ -359,7 +358,6 @@ def _stream_leak(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
         "stream_leak",
         f"canary_stream: {obs.detail}",
         0.9,
-        restart=False,
         onset=obs.at,
         canary_stream=dict(obs.values),
     )

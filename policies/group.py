@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from policies.backoff import RestartParams, decide_restart
-from policies.ladders import Ladder, PastIncident
-from policies.plan import Plan, plan_recovery
+from policies.ladders import PastIncident
+from policies.model import Fault
+from policies.plan import Plan
+from policies.triage import PlanFacts, plan
 
 MAX_HISTORY = 32
 
@@ -116,19 +117,17 @@ def covers(current: Generation | None, fault_generation: int) -> bool:
     return current is not None and current.number > fault_generation
 
 
-def plan_group_restart(
-    current: Generation,
-    kind: str,
-    ladder_key: str | None,
-    ladders: Mapping[str, Ladder],
-    restart: RestartParams,
-    now: float,
-    rand: float,
-) -> Plan:
-    """The recovery plan for a fault of the group: the group's streak, ladder history and levels decide."""
-    decision = decide_restart(current.restarts, now, restart, rand)
-    history = [PastIncident(k, r) for k, r in current.history]
-    return plan_recovery(kind, ladder_key, history, current.levels, ladders, decision)
+def plan_group_restart(fault: Fault, facts: PlanFacts, current: Generation, now: float) -> Plan:
+    """The recovery plan for a fault of the group: the server's own plan, with the group's restart streak,
+    ladder history and levels in place of the node's (`now` is wall time: the group's records span hosts)."""
+    group = replace(
+        facts,
+        restarts=current.restarts,
+        serving_since=None,
+        history=tuple(PastIncident(k, r) for k, r in current.history),
+        levels=dict(current.levels),
+    )
+    return plan(fault, group, now).plan
 
 
 def next_generation(

@@ -48,7 +48,6 @@ class Fault:
     evidence: Mapping[str, Any]  # names the probes and values that decided it; "tags" feeds the ladders
     confidence: float  # 0..1
     reason: str  # one line
-    restart: bool  # False for stream_leak (alert only, degraded)
     onset_at: float | None = None  # monotonic: when the fault began, as far as the evidence tells
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from policies import argv as argv_reader
 from policies.backoff import RestartDecision
 from policies.ladders import ArgvDiff, Ladder, PastIncident, Rung, apply_rungs, parse_op, select_rung
-from policies.parsers_table import ExpectedParsers
+from policies.parsers_table import ExpectedParsers, parsers_match
 from policies.states import FaultKind
 
 IMMEDIATE_CURE = frozenset({"collective_hang", "decode_wedge", "pd_transfer_wedge"})
@@ -40,6 +41,37 @@ def parser_ladder(expected: ExpectedParsers) -> Ladder:
     for flag, value in (("--tool-call-parser", expected.tool), ("--reasoning-parser", expected.reasoning)):
         ops.append(parse_op(f"set {flag} {value}") if value else parse_op(f"remove {flag}"))
     return (Rung(tuple(ops)),)
+
+
+def parser_mismatches(args: Sequence[str], expected: ExpectedParsers) -> list[str]:
+    """How the launch args differ from the family's parsers (aliases agree), one line each; [] when they match."""
+    found = []
+    for flag, want in (("--tool-call-parser", expected.tool), ("--reasoning-parser", expected.reasoning)):
+        have = argv_reader.value(args, flag)
+        if not parsers_match(want, have):
+            found.append(f"{flag} is {have or 'unset'}; the model family needs {want or 'it unset'}")
+    return found
+
+
+@dataclass(frozen=True)
+class ParserFix:
+    """The family's parsers set before the first launch: the levels to launch with, and why."""
+
+    levels: Mapping[str, int]
+    reason: str
+
+
+def first_launch_parsers(
+    args: Sequence[str], expected: ExpectedParsers | None, parser_policy: str, levels: Mapping[str, int]
+) -> ParserFix | None:
+    """With `parser_policy = "fix"`, launch with the family's parsers at once when the args lack them — the
+    config check would otherwise relaunch after a full (wasted) model load. None when nothing is to fix."""
+    if expected is None or parser_policy != "fix" or levels.get(PARSER_KEY, 0) >= 1:
+        return None
+    wrong = parser_mismatches(args, expected)
+    if not wrong:
+        return None
+    return ParserFix({**levels, PARSER_KEY: 1}, "; ".join(wrong) + ": launched with the family's parsers")
 
 
 def build_argv(

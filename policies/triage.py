@@ -17,8 +17,10 @@ Phase and role rules live here, once:
   to pass — or `canary_inconclusive_limit` inconclusive canaries while `/health` is 200, which serves
   *unproven* with a warning instead of stranding a healthy server in `starting`; `"advisory"` and `"off"`
   serve on `/health` 200 alone.
-- **Serving / degraded**: any diagnosed fault; `stream_leak` never restarts (alert, `degraded`), and neither
-  does a canary failure under `canary_mode = "advisory"`.
+- **Serving / degraded**: any diagnosed fault.
+
+Whether a fault restarts is not decided here: `plan` chooses relaunch, alert only or fail, and
+`policies.decide.next_step` turns the plan into the loop's next step.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def _tree_fault(
         lines = [h.line for h in fatal if h.signature.kind == kind][-3:]
         if lines:
             why = f"{kind.value} in the log: {lines[-1][:200]}"
-            return Fault(kind.value, {**evidence, "log_hits": lines, "tags": tags}, 0.9, why, True, now)
+            return Fault(kind.value, {**evidence, "log_hits": lines, "tags": tags}, 0.9, why, now)
     diagnosed = diagnose(window, ctx, now, only=_TREE_OVERRIDES)
     if diagnosed is not None:
         return Fault(
@@ -115,15 +117,12 @@ def _tree_fault(
             {**evidence, **dict(diagnosed.evidence)},
             diagnosed.confidence,
             diagnosed.reason,
-            True,
             diagnosed.onset_at,
         )
     starting = facts.phase == "starting" and not ctx.healthy_once
     kind = FaultKind.STARTUP_FAILURE if starting else FaultKind.CRASH
     what = "; ".join(tree.losses)
-    return Fault(
-        kind.value, {**evidence, "tags": tags}, 0.95, f"{what} (exit code {tree.exit_code})", True, now
-    )
+    return Fault(kind.value, {**evidence, "tags": tags}, 0.95, f"{what} (exit code {tree.exit_code})", now)
 
 
 def _canary_gate(window: Sequence[Observation], facts: ServerFacts) -> Triage:
@@ -180,7 +179,6 @@ def triage(window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, n
     )
     if tree.losses:
         return Triage(fault=_tree_fault(window, tree, facts, ctx, now))
-    advisory = facts.settings.canary_mode == "advisory"
     if facts.role == "router":
         if phase == "starting":
             health = _latest(window, "health")
@@ -195,15 +193,13 @@ def triage(window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, n
             STARTING_FAULTS if ctx.healthy_once else STARTING_FAULTS - STARTUP_WEDGES | {FaultKind.GPU_FAULT}
         )
         fault = diagnose(window, ctx, now, only=counted)
-        if fault is not None and not (advisory and fault.kind == FaultKind.PARSER_MISCONFIG):
+        if fault is not None:
             return Triage(fault=fault)
         health = _latest(window, "health")
         if health is None or not health.ok:
             return Triage(waiting_for=_waiting_for_health(window))
         return _canary_gate(window, facts)
     fault = diagnose(window, ctx, now)
-    if fault is not None and advisory and fault.kind == FaultKind.PARSER_MISCONFIG:
-        fault = Fault(fault.kind, fault.evidence, fault.confidence, fault.reason, False, fault.onset_at)
     tool, stream = _latest(window, "canary_tool"), _latest(window, "canary_stream")
     proven = tool is not None and canary_values(tool).get("verdict") == "pass"
     cleared = {FaultKind.PARSER_MISCONFIG.value} if proven else set()
@@ -232,6 +228,7 @@ class PlanFacts:
     levels: Mapping[str, int]
     ladders: Mapping[str, Ladder]
     parser_policy: str
+    canary_mode: str = "require"
 
 
 @dataclass(frozen=True)
@@ -261,7 +258,7 @@ def spawn_failure(reason: str, command: Sequence[str], now: float) -> Fault:
     """The launch command could not start at all (missing, not executable): a startup failure no relaunch cures."""
     evidence = {"spawn": reason, "command": list(command[:1])}
     return Fault(
-        FaultKind.STARTUP_FAILURE.value, evidence, 1.0, f"the launch command cannot run: {reason}", True, now
+        FaultKind.STARTUP_FAILURE.value, evidence, 1.0, f"the launch command cannot run: {reason}", now
     )
 
 
@@ -282,7 +279,7 @@ def plan(fault: Fault, facts: PlanFacts, now: float) -> Recovery:
         key = PARSER_KEY
     else:
         key = ladder_key(kind, tags(fault, facts.args), facts.ladders)
-    if not fault.restart and kind is not FaultKind.STREAM_LEAK:
+    if facts.canary_mode == "advisory" and kind is FaultKind.PARSER_MISCONFIG:
         alert = Plan("alert", "alert only: canary_mode is advisory", levels=facts.levels, page=False)
         return Recovery(alert, streak_over)
     chosen = plan_recovery(

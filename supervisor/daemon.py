@@ -88,6 +88,7 @@ class Daemon:
         order = start_order(roles, {s.name: list(s.depends_on) for s in config.servers})
         self.loops = [ServerLoop(config.server(name), self.svc) for name in order]
         self.svc.loops = {loop.name: loop for loop in self.loops}
+        self.metrics.watch_servers(lambda: [loop.owner.gauges() for loop in self.loops])
         self.started = self.clock.wall()
         self.stop_event = asyncio.Event()
         self.status = StatusServer(self, sup.http)

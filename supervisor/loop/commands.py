@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from policies.decide import Next
 from policies.model import Fault
 
 
@@ -25,7 +26,8 @@ class Command:
 
 @dataclass(frozen=True)
 class Outcome:
-    """Why watching a launch ended: a fault to recover from, or a command to carry out."""
+    """Why watching a launch ended: a fault with the step decided for it, or a command to carry out."""
 
     fault: Fault | None = None
+    decided: Next | None = None
     command: Command | None = None

@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from policies.group import Generation
-from policies.ladders import PastIncident
+from policies.group import Generation, plan_group_restart
 from policies.model import Fault
 from policies.plan import Plan
 from policies.states import ServerState
-from policies.triage import plan
 from supervisor.group.member import GroupMember
 from supervisor.group.node import GroupNode
 from supervisor.loop import recovery
 from supervisor.loop.commands import Outcome
 
 if TYPE_CHECKING:
-    from supervisor.loop.server import ServerLoop
+    from supervisor.loop.context import Loop
 
 S = ServerState
 
@@ -33,7 +30,7 @@ S = ServerState
 class LoopServer:
     """The `GroupedServer` the protocol drives, made of one `ServerLoop`'s steps."""
 
-    def __init__(self, loop: ServerLoop, member: GroupMember) -> None:
+    def __init__(self, loop: Loop, member: GroupMember) -> None:
         self.loop = loop
         self.member = member
         self.node: GroupNode | None = None
@@ -41,7 +38,7 @@ class LoopServer:
 
     def state(self) -> str:
         """The loop's state name."""
-        return self.loop.state.value
+        return self.loop.owner.state.value
 
     async def release(self) -> bool:
         """Stop watching, keep forensics of an open incident, kill, reap and verify the GPUs free."""
@@ -50,14 +47,14 @@ class LoopServer:
             self.watching.cancel()
             await asyncio.wait({self.watching})  # a cancel of release() itself still propagates
             self.watching = None
-        if loop.state not in (S.STOPPED, S.RECOVERING, S.FAILED, S.BACKOFF):
-            loop.transition(S.RECOVERING, f"group generation {self._next()}: {self._why()}")
-        if loop.run is None and not await loop.svc.host.find_marked(loop.marker):
+        owner = loop.owner
+        if owner.state not in (S.STOPPED, S.RECOVERING, S.FAILED, S.BACKOFF):
+            owner.transition(S.RECOVERING, f"group generation {self._next()}: {self._why()}")
+        if owner.run is None and not await loop.svc.host.find_marked(loop.marker):
             return True
         report = await recovery.release_run(loop, mode="kill")
-        loop.svc.metrics.observe_gpu_release(loop.name, report.steps.get("total", 0.0))
-        if report.ok and loop.state is S.RECOVERING:
-            loop.transition(S.BACKOFF, "released; waiting at the group's barrier")
+        if report.ok and owner.state is S.RECOVERING:
+            owner.transition(S.BACKOFF, "released; waiting at the group's barrier")
         return report.ok
 
     def _next(self) -> int:
@@ -69,62 +66,52 @@ class LoopServer:
     async def launch(self, generation: Generation) -> None:
         """Launch with the group's ladder levels, and watch in the background until a fault or a command."""
         loop = self.loop
-        loop.record.levels = dict(generation.levels)
-        loop.record.group_generation = generation.number
-        loop.svc.metrics.set_rung(loop.name, loop.rung)
-        loop.svc.save_state()
+        loop.owner.follow_generation(generation.number, generation.levels)
         self.watching = asyncio.create_task(self._watch(generation.number), name=f"group.{loop.name}")
 
     async def _watch(self, generation: int) -> None:
         loop = self.loop
         outcome = await loop.launch_and_watch()
-        while outcome.fault is not None and not self._report(outcome, generation):
-            outcome = await loop.watch.run()  # an alert-only fault: keep watching this launch
+        if outcome.fault is not None:
+            self._report(outcome)
         if outcome.command is not None and self.node is not None:
             loop.operator_entry(outcome.command.kind, outcome.command)
             outcome.command.answer("group restart requested")
             self.node.fault(f"operator-{loop.name}-g{generation}", f"operator {outcome.command.kind}")
 
-    def _report(self, outcome: Outcome, generation: int) -> bool:
-        """Record the incident and report it to the group; False for a fault that is only alerted."""
-        loop, fault = self.loop, outcome.fault
-        assert fault is not None
-        current = self.member.current or Generation(generation)
-        chosen = self._plan(fault, current)
-        latency = max(0.0, loop.clock.monotonic() - fault.onset_at) if fault.onset_at is not None else None
+    def _report(self, outcome: Outcome) -> None:
+        """Record the incident of a fault the watch decided to recover, and report it to the group (the
+        alert-only and paused steps were carried out by the watch, which kept watching)."""
+        loop, fault, decided = self.loop, outcome.fault, outcome.decided
+        assert fault is not None and decided is not None
+        now = loop.clock.monotonic()
+        latency = max(0.0, now - fault.onset_at) if fault.onset_at is not None else None
         incident = loop.svc.incidents.fault(
-            loop.name, loop.clock.wall(), fault, chosen, loop.argv, loop.rung, latency
+            loop.name, loop.clock.wall(), fault, decided.plan, loop.owner.argv, loop.owner.rung, latency
         )
-        loop.open_incident, loop.detected_mono = incident, loop.clock.monotonic()
-        if chosen.action == "alert" or self.node is None:
-            return False
-        loop.svc.metrics.restart(loop.name, fault.kind)
-        loop.restart_count += 1
-        self.node.fault(incident.id, f"{fault.kind}: {fault.reason}", lambda g: self._plan(fault, g))
-        return True
+        loop.owner.open_incident(incident, now)
+        if self.node is None:
+            return
+        loop.owner.count_restart(fault.kind, streak=False)
+        self.node.fault(incident.id, f"{fault.kind}: {fault.reason}", lambda g: self.plan(fault, g))
 
-    def _plan(self, fault: Fault, current: Generation) -> Plan:
-        """The group's plan: the group's restart streak, ladder history and levels, this server's ladders."""
+    def plan(self, fault: Fault, current: Generation | None = None) -> Plan:
+        """The group's plan (policies.group): the group's restart streak, ladder history and levels."""
         loop = self.loop
-        facts = replace(
-            recovery.plan_facts(loop),
-            restarts=current.restarts,
-            serving_since=None,
-            history=tuple(PastIncident(k, r) for k, r in current.history),
-            levels=dict(current.levels),
-        )
-        return plan(fault, facts, loop.clock.wall()).plan
+        generation = current or self.member.current or Generation(0)
+        return plan_group_restart(fault, loop.plan_facts(), generation, loop.clock.wall())
 
 
-async def run_grouped(loop: ServerLoop, member: GroupMember) -> None:
+async def run_grouped(loop: Loop, member: GroupMember) -> None:
     """Follow the group until the daemon stops; then release and leave the group (the others restart)."""
     await recovery.reap_previous(loop)
     await loop.learn_flags()
     server = LoopServer(loop, member)
+    loop.plan_with(server.plan)  # every fault of this server is planned with the group's streak and levels
     node = GroupNode(member, server, lambda event, detail: group_alert(loop, event, detail))
     member.alert = node.alert
     server.node = node
-    await node.start(loop.record.group_generation)
+    await node.start(loop.owner.group_generation)
     following = asyncio.create_task(node.run(), name=f"group.{member.params.name}")
     try:
         while not loop.stopping:
@@ -146,9 +133,17 @@ async def run_grouped(loop: ServerLoop, member: GroupMember) -> None:
         await member.client.close()
 
 
-def group_alert(loop: ServerLoop, event: str, detail: str) -> None:
+def group_alert(loop: Loop, event: str, detail: str) -> None:
     """A group event that needs a human: a journal entry and an alert through the configured sinks."""
     severity = "page" if event in ("group.barrier_stuck", "group.failed") else "warning"
     loop.svc.incidents.notice(
-        loop.name, loop.clock.wall(), event, "alert", detail, {}, loop.argv, loop.rung, severity=severity
+        loop.name,
+        loop.clock.wall(),
+        event,
+        "alert",
+        detail,
+        {},
+        loop.owner.argv,
+        loop.owner.rung,
+        severity=severity,
     )

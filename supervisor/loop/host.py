@@ -106,6 +106,8 @@ class Host(Protocol):
 
     async def find_marked(self, marker: str) -> list[ProcId]: ...
 
+    async def earlier_run(self, marker: str, cfg: ServerConfig) -> list[str]: ...
+
     async def wait_exit(
         self, pids: Sequence[int], timeout: float, clock: Clock, wake: asyncio.Event | None = None
     ) -> None: ...
@@ -228,6 +230,12 @@ class RealHost:
     async def find_marked(self, marker: str) -> list[ProcId]:
         """Processes carrying this server's marker (an earlier run's leftovers)."""
         return await asyncio.to_thread(proctree.find_marked, None, marker)
+
+    async def earlier_run(self, marker: str, cfg: ServerConfig) -> list[str]:
+        """Live processes of any run of this server, described (the marker is in every process of a run, so in
+        every holder of its GPUs and ports too)."""
+        found = await asyncio.to_thread(proctree.find_marked, None, marker)
+        return [f"pid {p.pid} ({proctree.display_name(p.pid)})" for p in found]
 
     async def foreign_port_holders(self, cfg: ServerConfig) -> list[str]:
         """Processes that are not ours holding the server's ports, described for the status."""

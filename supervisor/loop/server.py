@@ -1,8 +1,11 @@
-"""One supervised server: its state, its run, its commands — the control loop (observe → triage → act).
+"""One supervised server: the control loop (observe → triage → decide → act) that composes the watch, the
+recovery and the group steps.
 
-`transition` is the one method that changes a server's state; it checks the transition table, logs and counts
-every change, and persists the record. Watching a launch is `supervisor.loop.watch`, recovering from a fault
-`supervisor.loop.recovery`; every effect goes through the injected `Host`, every duration through the `Clock`.
+The server's state (lifecycle state, run, incident, rungs, restarts) belongs to its `ServerOwner`; this loop
+holds only the loop's own mechanics (commands, the beat, the target's flags). Watching a launch is
+`supervisor.loop.watch`, recovering from a fault `supervisor.loop.recovery`; a fault's step is decided once, by
+`decide` (policies), and carried out without deciding again. Every effect goes through the injected `Host`,
+every duration through the `Clock`.
 """
 
 from __future__ import annotations
@@ -12,35 +15,38 @@ import contextlib
 import hashlib
 import random
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from policies.argv import redact as redact_argv
+from policies.decide import Next, next_step
 from policies.flagcompat import FlagSet, check_ladders, express_argv, rejected
-from policies.ladders import Rung, apply_rungs
+from policies.ladders import PastIncident, Rung, apply_rungs
+from policies.model import Fault, Observation
 from policies.parsers_table import ExpectedParsers
 from policies.pd import Role, restart_order
-from policies.plan import PARSER_KEY, build_argv, parser_ladder
-from policies.states import ServerState, check_transition, resume_target
+from policies.plan import PARSER_KEY, Plan, build_argv, first_launch_parsers, parser_ladder
+from policies.states import ServerState, resume_target
+from policies.triage import PlanFacts, plan
 from supervisor.config import ServerConfig
 from supervisor.host.flaghelp import HelpUnavailable
 from supervisor.host.launcher import SpawnFailed
 from supervisor.loop import recovery
 from supervisor.loop.commands import Command, Outcome
 from supervisor.loop.grouped import run_grouped
-from supervisor.loop.host import RunHandle
+from supervisor.loop.owner import ServerOwner
 from supervisor.loop.services import Services
 from supervisor.loop.watch import Watch
-from supervisor.records.incident import Incident
 
 S = ServerState
 WAIT_POLL_S = 0.5
 
 
 class ServerLoop:
-    """The control loop and status of one server."""
+    """The control loop of one server."""
 
     def __init__(self, cfg: ServerConfig, svc: Services) -> None:
         self.cfg = cfg
@@ -52,24 +58,16 @@ class ServerLoop:
         state_dir = str(Path(svc.config.supervisor.state_dir).resolve())
         self.marker = f"{cfg.name}@{hashlib.sha1(state_dir.encode()).hexdigest()[:10]}"
         self.log = structlog.get_logger().bind(server=cfg.name)
-        self.state = S.STOPPED
-        self.since = self.clock.wall()
-        self.reason = "not started"
-        self.record = svc.statefile.record(cfg.name)
-        self.run: RunHandle | None = None
-        self.run_id = ""
-        self.argv: tuple[str, ...] = cfg.argv
-        self.port = cfg.http_port
-        self.restarts: list[float] = []
-        self.restart_count = 0
-        self.launch_count = 0
-        self.started_at = 0.0  # monotonic, this launch
-        self.serving_since: float | None = None  # monotonic
-        self.open_incident: Incident | None = None
-        self.detected_mono: float | None = None  # when the open incident was detected (monotonic)
-        self.unproven = ""  # serving without a passing canary: why
-        self.paused = False
-        self.state_before_pause = S.STOPPED
+        self.owner = ServerOwner(
+            cfg.name,
+            svc.statefile.record(cfg.name),
+            svc.clock,
+            svc.save_state,
+            lambda: (
+                svc.on_state_change()
+            ),  # read at each change: the daemon may set it after this loop exists
+            self.log,
+        )
         self.commands: asyncio.Queue[Command] = asyncio.Queue()
         self.stopping = False
         self.flags: FlagSet | None = None
@@ -77,32 +75,49 @@ class ServerLoop:
         self.rng = random.Random()
         self.last_beat = self.clock.monotonic()
         self.busy_until = 0.0  # inside a bounded step (forensics, release) until then: not stale
-        self.watch = Watch(self)
+        self.owner.set_argv(cfg.argv)
+        self.planner: Callable[[Fault], Plan] = (
+            self._plan
+        )  # a group member plans with the group's streak and levels instead
+        self._watch = Watch(self)
 
-    # ---- state -------------------------------------------------------------------------------------------
-    def transition(self, new: ServerState, reason: str) -> None:
-        """Change state (the only place that does): check, log, count, persist, tell the daemon."""
-        if new == self.state:
-            self.reason = reason
-            return
-        problem = check_transition(self.state, new)
-        if problem:
-            self.log.error("state.illegal_transition", old=self.state.value, new=new.value, problem=problem)
-            return
-        self.log.info("state.transition", old=self.state.value, new=new.value, reason=reason)
-        self.state, self.since, self.reason = new, self.clock.wall(), reason
-        self.svc.metrics.set_state(self.name, new.value)
-        self.record.state = new.value
-        self.svc.save_state()
-        self.svc.on_state_change()
+    # ---- what others read ----------------------------------------------------------------------------------
+    @property
+    def state(self) -> ServerState:
+        return self.owner.state
 
+    @property
+    def reason(self) -> str:
+        return self.owner.reason
+
+    @property
+    def unproven(self) -> str:
+        return self.owner.unproven
+
+    @property
+    def rung(self) -> int:
+        return self.owner.rung
+
+    @property
+    def watch(self) -> Watch:
+        return self._watch
+
+    def latest_progress(self) -> Observation | None:
+        """The newest progress observation while serving (a decode's view of its prefill)."""
+        return self._watch.latest("progress") if self.owner.state is S.SERVING else None
+
+    def enqueue(self, cmd: Command) -> None:
+        """Queue a command for this loop."""
+        self.commands.put_nowait(cmd)
+
+    # ---- the beat ------------------------------------------------------------------------------------------
     def beat(self) -> None:
         """The loop is alive (systemd's watchdog and /healthz read this)."""
         self.last_beat = self.clock.monotonic()
 
     def busy(self, seconds: float) -> None:
-        """Entering a step bounded by `seconds`: the loop is not stale while it runs."""
-        self.busy_until = self.clock.monotonic() + seconds
+        """Entering a step bounded by `seconds` (0: the step ended): the loop is not stale while it runs."""
+        self.busy_until = self.clock.monotonic() + seconds if seconds else 0.0
 
     def stale(self, now: float, after_s: float) -> bool:
         """No beat for `after_s` and not inside a bounded step: the loop is wedged."""
@@ -111,9 +126,9 @@ class ServerLoop:
     def reconfigure(self, cfg: ServerConfig) -> None:
         """A reloaded config: probe settings apply now; argv and port at the next launch."""
         self.cfg = cfg
-        self.watch.reconfigure()
+        self._watch.reconfigure()
 
-    # ---- argv and ladders ----------------------------------------------------------------------------------
+    # ---- argv, ladders, decisions --------------------------------------------------------------------------
     @property
     def ladders(self) -> dict[str, Any]:
         """This server's ladders plus the parser fix, less the rungs the installed SGLang cannot express."""
@@ -132,16 +147,42 @@ class ServerLoop:
 
     def current_argv(self) -> tuple[str, ...]:
         """The launch argv: configured command and args, active ladder levels applied, renamed flags mapped."""
-        args, _ = build_argv(self.cfg.args, self.record.levels, self.ladders)
+        args, _ = build_argv(self.cfg.args, self.owner.levels, self.ladders)
         if self.flags is not None:
             expressed = express_argv(args, self.flags)
             args = expressed.argv if expressed.argv is not None else args
         return (*self.cfg.command, *args)
 
-    @property
-    def rung(self) -> int:
-        """The highest active ladder level (0 = the configured flags)."""
-        return max(self.record.levels.values(), default=0)
+    def plan_facts(self) -> PlanFacts:
+        """What the policies need of this server to plan a recovery."""
+        owner = self.owner
+        return PlanFacts(
+            role=self.cfg.role.value,
+            args=owner.argv[len(self.cfg.command) :],
+            restarts=owner.streak,
+            serving_since=owner.serving_since,
+            restart=self.svc.config.supervisor.restart,
+            jitter=self.rng.random(),
+            history=tuple(PastIncident(k, r) for k, r in owner.history),
+            levels=owner.levels,
+            ladders=self.ladders,
+            parser_policy=self.cfg.policy.parser_policy,
+            canary_mode=self.cfg.probes.canary_mode,
+        )
+
+    def _plan(self, fault: Fault) -> Plan:
+        decided = plan(fault, self.plan_facts(), self.clock.monotonic())
+        if decided.streak_over:
+            self.owner.end_streak()
+        return decided.plan
+
+    def plan_with(self, planner: Callable[[Fault], Plan]) -> None:
+        """Plan this server's faults with `planner` (a group member: the group's streak and levels)."""
+        self.planner = planner
+
+    def decide(self, fault: Fault) -> Next:
+        """The one decision about a fault: its plan (policies.triage.plan) and the step (policies.decide)."""
+        return next_step(self.owner.paused, self.planner(fault))
 
     async def learn_flags(self) -> None:
         """The installed SGLang's own `--help` (cached per interpreter and version) decides which flags exist."""
@@ -172,6 +213,7 @@ class ServerLoop:
         self.adopt_interrupted()
         await recovery.reap_previous(self)
         await self.learn_flags()
+        self.fix_parsers_before_launch()
         while not self.stopping:
             try:
                 await self.step()
@@ -181,7 +223,7 @@ class ServerLoop:
 
     async def step(self) -> None:
         """One round: wait while paused, or launch and watch, then act on why watching ended."""
-        if self.paused:
+        if self.owner.paused:
             await self.wait_for_operator()
             return
         outcome = await self.launch_and_watch()
@@ -189,15 +231,15 @@ class ServerLoop:
             return
         if outcome.command is not None:
             await recovery.planned_restart(self, outcome.command)
-        elif outcome.fault is not None:
-            await recovery.recover(self, outcome.fault)
+        elif outcome.fault is not None and outcome.decided is not None:
+            await recovery.recover(self, outcome.fault, outcome.decided)
 
     async def step_failed(self, exc: Exception) -> None:
         """An unexpected error in a step: kill what runs (never two trees), page, wait for an operator."""
         self.log.exception("server.step_failed", error=repr(exc))
         with contextlib.suppress(Exception):
-            await recovery.release_run(self, mode="kill")
-        self.transition(S.FAILED, f"internal error: {exc!r}; operator needed (see the daemon log)")
+            await recovery.release_run(self, mode="kill", any_run_of=self.marker)
+        self.owner.transition(S.FAILED, f"internal error: {exc!r}; operator needed (see the daemon log)")
         self.svc.incidents.notice(
             self.name,
             self.clock.wall(),
@@ -205,35 +247,58 @@ class ServerLoop:
             "failed",
             f"internal error: {exc!r}",
             {"error": repr(exc)},
-            self.argv,
-            self.rung,
+            self.owner.argv,
+            self.owner.rung,
             severity="page",
         )
         await self.wait_for_operator()
 
+    def fix_parsers_before_launch(self) -> None:
+        """`parser_policy = "fix"` and the args lack the family's parsers: the first launch already has them (a
+        warning in the journal) instead of a relaunch after a full model load."""
+        expected = self.cfg.expected_parsers()
+        fix = first_launch_parsers(
+            self.cfg.args,
+            ExpectedParsers(*expected) if expected is not None else None,
+            self.cfg.policy.parser_policy,
+            self.owner.levels,
+        )
+        if fix is None or self.cfg.role is Role.ROUTER:
+            return
+        self.owner.set_levels(fix.levels, (PARSER_KEY, 1))
+        self.log.warning("launch.parsers_fixed", reason=fix.reason)
+        self.svc.incidents.notice(
+            self.name,
+            self.clock.wall(),
+            "parser_misconfig",
+            "fixed before launch",
+            fix.reason,
+            {"probe": "config", "args": redact_argv(list(self.cfg.args))},
+            self.cfg.argv,
+            0,
+        )
+
     async def launch(self) -> SpawnFailed | None:
         """Start the server in a new session with a fresh run id; the failure when it cannot start."""
-        self.run_id = uuid.uuid4().hex[:12]
-        self.argv = self.current_argv()
-        self.port = self.cfg.http_port
+        run_id = uuid.uuid4().hex[:12]
+        argv = self.current_argv()
+        self.owner.set_argv(argv)
         log_path = Path(self.svc.config.supervisor.log_dir) / f"{self.name}.log"
         result = await self.svc.host.spawn(
-            self.argv, dict(self.cfg.env), self.cfg.gpus, self.run_id, self.marker, log_path
+            argv, dict(self.cfg.env), self.cfg.gpus, run_id, self.marker, log_path
         )
         if isinstance(result, SpawnFailed):
             self.log.error("server.spawn_failed", reason=result.reason)
             return result
-        self.run = result
-        self.launch_count += 1
-        self.started_at = self.clock.monotonic()
-        self.record.run_id, self.record.pid, self.record.pgid = self.run_id, result.pid, result.pgid
-        self.record.argv = redact_argv(list(self.argv))
-        self.log.info("server.started", pid=result.pid, run_id=self.run_id, argv=redact_argv(list(self.argv)))
+        self.owner.begin_run(result, run_id, argv)
+        self.log.info("server.started", pid=result.pid, run_id=run_id, argv=redact_argv(list(argv)))
         return None
 
     async def launch_and_watch(self) -> Outcome:
-        """Launch, then watch through startup and serving until a fault or a command."""
-        self.transition(S.STARTING, "launching")
+        """Launch (never while an earlier run of this server lives), then watch until a fault or a command."""
+        self.owner.transition(S.STARTING, "launching")
+        if not await recovery.no_earlier_run(self):
+            return Outcome()  # failed until an operator acts, or stopping: nothing launched
         held = await self.svc.host.foreign_port_holders(self.cfg)
         if held:
             return recovery.spawn_failure(
@@ -242,81 +307,71 @@ class ServerLoop:
         failed = await self.launch()
         if failed is not None:
             return recovery.spawn_failure(self, failed)
-        return await self.watch.run()
+        return await self._watch.run()
 
     def adopt_interrupted(self) -> None:
         """A recovery a dead daemon left unfinished: journaled as interrupted, completed by this daemon's launch."""
-        if not self.record.open_incident:
+        found = self.owner.interrupted_incident()
+        if not found:
             return
-        incident = self.svc.incidents.interrupted(self.record.open_incident, self.clock.wall())
+        incident = self.svc.incidents.interrupted(found, self.clock.wall())
         if incident is not None:
             age = max(0.0, self.clock.wall() - incident.detected_at)
-            self.open_incident, self.detected_mono = incident, self.clock.monotonic() - age
-        self.record.open_incident = ""
+            self.owner.open_incident(incident, self.clock.monotonic() - age)
+        self.svc.save_state()
 
     def became_serving(self, unproven: str) -> None:
         """Startup proven (or serving unproven): serving; resolve the open incident; PD follow-ups."""
-        now = self.clock.monotonic()
-        self.serving_since = now
+        owner = self.owner
+        now = owner.mark_serving()
         self.set_unproven(unproven)
-        self.transition(S.SERVING, unproven or "health 200 and canary passed")
-        self.svc.metrics.observe_startup(self.name, now - self.started_at)
-        incident = self.open_incident
-        if incident is not None:
-            since = self.detected_mono if self.detected_mono is not None else self.started_at
+        owner.transition(S.SERVING, unproven or "health 200 and canary passed")
+        self.svc.metrics.observe_startup(self.name, now - owner.started_at)
+        closed = owner.close_incident()
+        if closed is not None:
+            incident, since = closed
             self.svc.metrics.observe_time_to_serving(self.name, now - since)
             self.svc.incidents.resolve(incident, self.clock.wall(), now - since)
-            self.open_incident, self.detected_mono = None, None
-            self.record.open_incident = ""
-            self.svc.save_state()
-        if self.cfg.role is Role.PREFILL and self.launch_count > 1:
+        if self.cfg.role is Role.PREFILL and owner.launches > 1:
             self.restart_followers()
 
     def set_unproven(self, why: str) -> None:
         """Serving without a passing canary (a warning), or proven again when `why` is empty."""
-        if why and not self.unproven:
+        was = self.owner.unproven
+        if not self.owner.set_unproven(why):
+            return
+        if why:
             self.svc.incidents.notice(
                 self.name,
                 self.clock.wall(),
                 "canary_unproven",
                 "alert",
                 why,
-                {"probes": self.watch.snapshot()},
-                self.argv,
-                self.rung,
+                {"probes": self._watch.snapshot()},
+                self.owner.argv,
+                self.owner.rung,
             )
-        elif self.unproven and not why and self.state is S.SERVING:
-            self.transition(S.SERVING, "canary passed")
-        self.unproven = why
-        self.svc.metrics.set_unproven(self.name, bool(why))
+        elif was and self.owner.state is S.SERVING:
+            self.owner.transition(S.SERVING, "canary passed")
 
     def restart_followers(self) -> None:
         """SGLang decode caches prefill endpoints: a relaunched prefill is followed by its decodes."""
-        roles = {name: loop.cfg.role for name, loop in self.svc.loops.items()}
+        roles = {name: peer.cfg.role for name, peer in self.svc.loops.items()}
         for name in restart_order(self.name, roles)[1:]:
             other = self.svc.loops[name]
-            if other.state in (S.SERVING, S.DEGRADED, S.STARTING):
-                other.commands.put_nowait(
-                    Command("restart", f"prefill {self.name} was restarted", actor="supervisor")
-                )
+            if other.owner.state in (S.SERVING, S.DEGRADED, S.STARTING):
+                other.enqueue(Command("restart", f"prefill {self.name} was restarted", actor="supervisor"))
                 self.log.info("pd.restart_decode", decode=name, prefill=self.name)
 
     # ---- commands and waiting ------------------------------------------------------------------------------
     def handle_command(self, cmd: Command) -> str:
         """Apply pause/resume/stop at once; return the command kind for the caller's loop."""
-        if cmd.kind == "pause" and not self.paused:
-            self.paused = True
-            self.state_before_pause = self.state
+        if cmd.kind == "pause" and not self.owner.paused:
             self.operator_entry("pause", cmd)
-            self.transition(S.PAUSED, f"paused by {cmd.actor}: {cmd.reason}")
-        elif cmd.kind == "resume" and self.paused:
-            self.paused = False
+            self.owner.pause(f"paused by {cmd.actor}: {cmd.reason}")
+        elif cmd.kind == "resume" and self.owner.paused:
             self.operator_entry("resume", cmd)
-            back = resume_target(
-                self.state_before_pause, self.run is not None, self.serving_since is not None
-            )
-            if back is not None:
-                self.transition(back, f"resumed by {cmd.actor}: {cmd.reason}")
+            self.owner.resume(resume_target, f"resumed by {cmd.actor}: {cmd.reason}")
         elif cmd.kind == "stop":
             self.stopping = True
         cmd.answer("restarting" if cmd.kind == "restart" else cmd.kind)
@@ -325,7 +380,7 @@ class ServerLoop:
     def operator_entry(self, action: str, cmd: Command) -> None:
         """A control action in the journal, with who and why."""
         self.svc.incidents.operator(
-            self.name, self.clock.wall(), action, cmd.reason, cmd.actor, self.argv, self.rung
+            self.name, self.clock.wall(), action, cmd.reason, cmd.actor, self.owner.argv, self.owner.rung
         )
 
     def next_command(self) -> Command | None:
@@ -354,34 +409,36 @@ class ServerLoop:
             if cmd is None:
                 await self.clock.sleep(WAIT_POLL_S)
             elif self.handle_command(cmd) in ("restart", "resume"):
-                self.restarts.clear()
+                self.owner.end_streak()
                 return
 
     # ---- status --------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """This server in `/status` (secrets redacted)."""
+        owner = self.owner
         last = self.svc.incidents.last(self.name)
-        argv = redact_argv(list(self.argv))
+        argv = redact_argv(list(owner.argv))
         configured = set(redact_argv(list(self.cfg.argv)))
+        run = owner.run
         return {
             "name": self.name,
             "role": self.cfg.role.value,
-            "state": self.state.value,
-            "since": self.since,
-            "reason": self.reason,
-            "unproven": self.unproven or None,
-            "pid": self.run.pid if self.run else None,
-            "run_id": self.run_id or None,
+            "state": owner.state.value,
+            "since": owner.since,
+            "reason": owner.reason,
+            "unproven": owner.unproven or None,
+            "pid": run.pid if run else None,
+            "run_id": owner.run_id or None,
             "argv": argv,
             "gpus": list(self.cfg.gpus),
-            "restarts": self.restart_count,
+            "restarts": owner.restart_count,
             "fallback": {
-                "rung": self.rung,
-                "levels": dict(self.record.levels),
+                "rung": owner.rung,
+                "levels": owner.levels,
                 "reason": last.reason if last else "",
                 "flags": [a for a in argv if a not in configured],
             },
-            "probes": self.watch.snapshot(),
-            "startup": self.watch.startup_view(),
+            "probes": self._watch.snapshot(),
+            "startup": self._watch.startup_view(),
             "last_incident": last.to_json() if last else None,
         }

@@ -1,23 +1,39 @@
-"""What every server loop shares: config, state file, metrics, incidents, the host and the clock."""
+"""What every server loop shares: config, state file, metrics, incidents, the host, the clock, its peers."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
-from supervisor.config import Config
+from policies.model import Observation
+from supervisor.config import Config, ServerConfig
 from supervisor.loop.clock import Clock
+from supervisor.loop.commands import Command
 from supervisor.loop.host import Host
 from supervisor.loop.incidents import IncidentBook
+from supervisor.loop.owner import ServerOwner
 from supervisor.records.statefile import StateFile
 from supervisor.reporting.metrics import SupervisorMetrics
 
 if TYPE_CHECKING:
     from supervisor.group.member import GroupMember
-    from supervisor.loop.server import ServerLoop
+
+
+class Peer(Protocol):
+    """What one server loop sees of another of the same deployment (PD ordering, a decode's prefills)."""
+
+    @property
+    def cfg(self) -> ServerConfig: ...
+
+    @property
+    def owner(self) -> ServerOwner: ...
+
+    def latest_progress(self) -> Observation | None: ...
+
+    def enqueue(self, cmd: Command) -> None: ...
 
 
 @dataclass
@@ -31,7 +47,7 @@ class Services:
     host: Host
     clock: Clock
     on_state_change: Callable[[], None] = lambda: None
-    loops: dict[str, ServerLoop] = field(default_factory=dict)
+    loops: dict[str, Peer] = field(default_factory=dict)
     group: GroupMember | None = None  # this host's seat in a multi-node group (`[group]`), if any
 
     def save_state(self) -> None:

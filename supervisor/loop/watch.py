@@ -1,7 +1,8 @@
 """Watching one launch: every tick, observe (the tree, the probes), triage (policies), act (the loop).
 
-Returns an `Outcome` to the server loop: a fault to recover from, or an operator command. Degrading, serving,
-serving unproven and faults seen while paused are acted on here, through the loop's one `transition`.
+Returns an `Outcome` to the server loop: a fault with the step decided for it (`ServerLoop.decide`, once), or
+an operator command. Serving, serving unproven, degrading (an alert-only step) and faults seen while paused
+are carried out here, through the server's owner.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from policies import argv
+from policies.decide import FaultStep, Next
 from policies.model import (
     CANARY_PROBES,
     Observation,
@@ -28,7 +30,7 @@ from supervisor.redaction import server_api_key
 
 if TYPE_CHECKING:
     from policies.model import Fault
-    from supervisor.loop.server import ServerLoop
+    from supervisor.loop.context import Loop
 
 S = ServerState
 # after a loss, let the reader take the dying process's last lines: until its output ends, at most this
@@ -37,7 +39,7 @@ LOG_SETTLE_STEP_S = 0.02
 TAIL_LINES = 300
 
 
-def probe_settings(loop: ServerLoop) -> ProbeSettings:
+def probe_settings(loop: Loop) -> ProbeSettings:
     """Probe settings from the server's current config."""
     p = loop.cfg.probes
     expected = loop.cfg.expected_parsers()
@@ -70,7 +72,7 @@ def model_name(args: tuple[str, ...], fallback: str | None) -> str:
 class Watch:
     """Tree polling, the probes' monitor and the triage of each tick, for the current launch."""
 
-    def __init__(self, loop: ServerLoop) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
         self.tree: proctree.TreeSnapshot | None = None
         self.cursor = 0
@@ -98,7 +100,7 @@ class Watch:
 
     def new_lines(self) -> list[str]:
         """Output lines of this run not read yet."""
-        run = self.loop.run
+        run = self.loop.owner.run
         if run is None:
             return []
         lines, self.cursor = run.lines_since(self.cursor)
@@ -108,11 +110,8 @@ class Watch:
         """A decode: each prefill's newest progress observation (None for one not serving); others: none."""
         if self.loop.cfg.role is not Role.DECODE:
             return ()
-        prefills = [other for other in self.loop.svc.loops.values() if other.cfg.role is Role.PREFILL]
-        return tuple(
-            p.watch.monitor.latest("progress") if p.state is S.SERVING and p.watch.monitor else None
-            for p in prefills
-        )
+        peers = self.loop.svc.loops.values()
+        return tuple(p.latest_progress() for p in peers if p.cfg.role is Role.PREFILL)
 
     def rank_pids(self) -> dict[int, str]:
         """The running ranks: pid → title (stacks and forensics dump these)."""
@@ -155,7 +154,7 @@ class Watch:
             role=loop.cfg.role.value,
             base_url=base,
             canary_url=self._canary_url(base),
-            model=model_name(loop.argv[len(loop.cfg.command) :], loop.cfg.model_path),
+            model=model_name(loop.owner.argv[len(loop.cfg.command) :], loop.cfg.model_path),
             settings=self.settings,
             tree=self.tree_view,
             gpu=loop.svc.host.gpu_reader(loop.cfg.gpus),
@@ -181,7 +180,7 @@ class Watch:
         self.tree, self.cursor, self.degraded, self.paused_fault = None, 0, None, ""
         self.seen_ranks, self.held, self.waiting_for = set(), None, ""
         self.monitor.reset(clock.monotonic())
-        run = loop.run
+        run = loop.owner.run
         assert run is not None
         while True:
             loop.beat()
@@ -189,7 +188,7 @@ class Watch:
                 kind = loop.handle_command(cmd)
                 if kind in ("restart", "stop"):
                     return Outcome(command=cmd if kind == "restart" else None)
-            if self.held is not None and not loop.paused:
+            if self.held is not None and not loop.owner.paused:
                 held, self.held = self.held, None
                 return held  # resumed: act on the fault seen while paused
             outcome = await self.tick(run)
@@ -204,10 +203,10 @@ class Watch:
 
     async def tick(self, run: Any) -> Outcome | None:
         """One observe → triage → act step."""
-        loop = self.loop
+        loop, owner = self.loop, self.loop.owner
         assert self.monitor is not None
         now = loop.clock.monotonic()
-        self.tree, events = await loop.svc.host.poll_tree(self.tree, run.pid, loop.run_id, self.titles())
+        self.tree, events = await loop.svc.host.poll_tree(self.tree, run.pid, owner.run_id, self.titles())
         new = await self.monitor.tick(now)
         self._record(new)
         losses = self._losses(events)
@@ -219,8 +218,8 @@ class Watch:
                 await loop.clock.sleep(LOG_SETTLE_STEP_S)
         facts = ServerFacts(
             role=loop.cfg.role.value,
-            phase=loop.state.value if loop.state in (S.STARTING, S.SERVING, S.DEGRADED) else "serving",
-            started_at=loop.started_at,
+            phase=owner.state.value if owner.state in (S.STARTING, S.SERVING, S.DEGRADED) else "serving",
+            started_at=owner.started_at,
             settings=self.settings,
             prefills=self._prefills(),
         )
@@ -231,35 +230,36 @@ class Watch:
         result = triage(window, tree, facts, now)
         if result.fault is not None:
             return self._act_on_fault(result.fault)
-        if result.serving and loop.state is S.STARTING:
+        if result.serving and owner.state is S.STARTING:
             loop.became_serving(result.unproven)
-        elif loop.state is S.STARTING and result.waiting_for != self.waiting_for:
+        elif owner.state is S.STARTING and result.waiting_for != self.waiting_for:
             self.waiting_for = result.waiting_for
-            loop.transition(S.STARTING, f"waiting for {result.waiting_for}")
-        if loop.state in (S.SERVING, S.DEGRADED) and loop.unproven and result.proven:
+            owner.transition(S.STARTING, f"waiting for {result.waiting_for}")
+        if owner.state in (S.SERVING, S.DEGRADED) and owner.unproven and result.proven:
             loop.set_unproven("")
-        if loop.state is S.DEGRADED and result.fault is None and self.degraded is not None:
+        if owner.state is S.DEGRADED and result.fault is None and self.degraded is not None:
             self._undegrade(result.cleared)
-        if loop.state is S.SERVING and not loop.paused:
+        if owner.state is S.SERVING and not owner.paused:
             return self._promotion(window, now)
         return None
 
     def _act_on_fault(self, fault: Fault) -> Outcome | None:
-        loop = self.loop
-        if loop.paused:
-            self._observe_paused(fault)
+        """Carry out the step decided for `fault` (once, by the loop's `decide`)."""
+        decided = self.loop.decide(fault)
+        if decided.step is FaultStep.HOLD:
+            self._observe_paused(fault, decided)
             return None
-        if not fault.restart:
-            self._degrade(fault)
+        if decided.step is FaultStep.DEGRADE:
+            self._degrade(fault, decided)
             return None
-        return Outcome(fault=fault)
+        return Outcome(fault=fault, decided=decided)
 
     def _promotion(self, window: list[Observation], now: float) -> Outcome | None:
         loop = self.loop
         policy = loop.cfg.policy
         due = promotion(
-            loop.record.levels,
-            loop.serving_since,
+            loop.owner.levels,
+            loop.owner.serving_since,
             now,
             quiet=quiet(window),
             enabled=policy.promote_back,
@@ -283,20 +283,24 @@ class Watch:
             if verdict in ("pass", "fail", "inconclusive"):
                 metrics.canary(self.loop.name, obs.probe, str(verdict))
 
-    def _degrade(self, fault: Fault) -> None:
+    def _degrade(self, fault: Fault, decided: Next) -> None:
+        """Alert only: the tree keeps serving, degraded. A launch that answers but fails only this way has
+        started (serving, the open incident resolved) before it degrades."""
         if self.degraded is not None:
             return
         loop = self.loop
-        loop.transition(S.DEGRADED, f"{fault.kind}: {fault.reason}")
+        if loop.owner.state is S.STARTING:
+            loop.became_serving("")
+        loop.owner.transition(S.DEGRADED, f"{fault.kind}: {fault.reason}")
         incident = loop.svc.incidents.notice(
             loop.name,
             loop.clock.wall(),
             fault.kind,
             "alert",
-            f"{fault.reason} → degraded, no restart",
+            f"{fault.reason} → {decided.plan.reason}; degraded, no restart",
             dict(fault.evidence),
-            loop.argv,
-            loop.rung,
+            loop.owner.argv,
+            loop.owner.rung,
         )
         self.degraded = (incident, loop.clock.monotonic())
 
@@ -308,16 +312,16 @@ class Watch:
             return
         loop = self.loop
         self.degraded = None
-        loop.transition(S.SERVING, f"{incident.fault} cleared: the newest canary passed")
+        loop.owner.transition(S.SERVING, f"{incident.fault} cleared: the newest canary passed")
         loop.svc.incidents.resolve(incident, loop.clock.wall(), loop.clock.monotonic() - since)
 
-    def _observe_paused(self, fault: Fault) -> None:
+    def _observe_paused(self, fault: Fault, decided: Next) -> None:
         if self.paused_fault == fault.kind:
             return
         self.paused_fault = fault.kind
         loop = self.loop
-        if fault.restart:
-            self.held = Outcome(fault=fault)
+        if decided.restarts:
+            self.held = Outcome(fault=fault, decided=decided)
         loop.log.warning("fault.observed_paused", fault=fault.kind, reason=fault.reason)
         loop.svc.incidents.notice(
             loop.name,
@@ -326,8 +330,8 @@ class Watch:
             "observed (paused)",
             fault.reason,
             dict(fault.evidence),
-            loop.argv,
-            loop.rung,
+            loop.owner.argv,
+            loop.owner.rung,
         )
 
     # ---- views
@@ -335,9 +339,13 @@ class Watch:
         """Last probe values for `/status`."""
         return self.monitor.snapshot() if self.monitor else {}
 
+    def latest(self, probe: str) -> Observation | None:
+        """The newest observation of `probe` in this launch."""
+        return self.monitor.latest(probe) if self.monitor else None
+
     def startup_view(self) -> dict[str, Any] | None:
         """What startup waits for and its last progress line, for `/status` while starting."""
-        if self.loop.state is not S.STARTING:
+        if self.loop.owner.state is not S.STARTING:
             return None
         logs = [o for o in self.monitor.window() if o.probe == "logs"] if self.monitor else []
         line = logs_values(max(logs, key=lambda o: o.at)).get("progress_line") if logs else None

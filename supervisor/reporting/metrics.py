@@ -1,17 +1,23 @@
 """The supervisor's own Prometheus metrics (names and labels as in docs/contracts.md).
 
-One `SupervisorMetrics` owns a private `CollectorRegistry`; the daemon calls its methods as things happen
-and the status server answers `GET /metrics` with `render()` and `CONTENT_TYPE`. Label values are checked
+One `SupervisorMetrics` owns a private `CollectorRegistry`; the daemon calls its methods as events happen
+(incidents, probes, deliveries) and the state of each server (state, rung, restarts, canary proof) is read from
+its owner at scrape time (`watch_servers`); the status server answers `GET /metrics` with `render()` and
+`CONTENT_TYPE`. Label values are checked
 against the shared vocabulary so a typo cannot create an unbounded or misspelt series.
 """
 
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.registry import Collector
 
 from policies.group import Phase
 from policies.states import FaultKind, ServerState
@@ -45,24 +51,68 @@ def _version() -> str:
         return "unknown"
 
 
+@dataclass(frozen=True)
+class ServerGauges:
+    """What the metrics read of one server at scrape time (from the owner of its state)."""
+
+    name: str
+    state: str
+    rung: int
+    restarts: Mapping[str, int]  # fault kind -> restarts the supervisor initiated for it
+    unproven: bool
+
+
+class _ServerCollector(Collector):
+    """The state metrics of every server, read from their owners when scraped (never pushed, never stale)."""
+
+    def __init__(self, source: Callable[[], Iterable[ServerGauges]]) -> None:
+        self.source = source
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families([]))
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._families(list(self.source())))
+
+    @staticmethod
+    def _families(views: list[ServerGauges]) -> Iterable[Metric]:
+        state = GaugeMetricFamily(
+            _PREFIX + "server_state",
+            "Lifecycle state of each supervised server (1 for the current state, 0 for the others).",
+            labels=["server", "state"],
+        )
+        restarts = CounterMetricFamily(
+            _PREFIX + "restarts",
+            "Server restarts initiated by the supervisor, by the fault that caused them.",
+            labels=["server", "fault"],
+        )
+        rung = GaugeMetricFamily(
+            _PREFIX + "fallback_rung",
+            "Current fallback-ladder rung of each server (0 = the configured flags).",
+            labels=["server"],
+        )
+        unproven = GaugeMetricFamily(
+            _PREFIX + "canary_unproven",
+            "1 while a server serves without a passing canary (inconclusive canaries with /health 200).",
+            labels=["server"],
+        )
+        for v in views:
+            current = _check("state", v.state, STATES)
+            for name in STATES:
+                state.add_metric([v.name, name], 1 if name == current else 0)
+            for fault in FAULT_KINDS:
+                restarts.add_metric([v.name, fault], v.restarts.get(fault, 0))
+            rung.add_metric([v.name], v.rung)
+            unproven.add_metric([v.name], 1 if v.unproven else 0)
+        return (state, restarts, rung, unproven)
+
+
 class SupervisorMetrics:
     """Every `sglang_supervisor_*` metric, in a registry of its own."""
 
     def __init__(self, version: str | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
-        self._state = Gauge(
-            _PREFIX + "server_state",
-            "Lifecycle state of each supervised server (1 for the current state, 0 for the others).",
-            ["server", "state"],
-            registry=reg,
-        )
-        self._restarts = Counter(
-            _PREFIX + "restarts",
-            "Server restarts initiated by the supervisor, by the fault that caused them.",
-            ["server", "fault"],
-            registry=reg,
-        )
         self._incidents = Counter(
             _PREFIX + "incidents",
             "Incidents opened, by server and fault kind.",
@@ -117,18 +167,6 @@ class SupervisorMetrics:
         )
         for what in ("journal", "state"):
             self._write_failures.labels(file=what)
-        self._unproven = Gauge(
-            _PREFIX + "canary_unproven",
-            "1 while a server serves without a passing canary (inconclusive canaries with /health 200).",
-            ["server"],
-            registry=reg,
-        )
-        self._rung = Gauge(
-            _PREFIX + "fallback_rung",
-            "Current fallback-ladder rung of each server (0 = the configured flags).",
-            ["server"],
-            registry=reg,
-        )
         self._gpu_release = Histogram(
             _PREFIX + "gpu_release_duration_seconds",
             "Time from stopping a server until its GPUs were verified free.",
@@ -193,37 +231,28 @@ class SupervisorMetrics:
         self._servers: set[str] = set()
 
     def _declare_server(self, server: str) -> None:
-        """Create every label combination of a new server at 0 so rates and alerts see the first event."""
+        """Create every incident series of a new server at 0 so rates and alerts see the first event."""
         if server in self._servers:
             return
         self._servers.add(server)
         for fault in FAULT_KINDS:
-            self._restarts.labels(server=server, fault=fault)
             self._incidents.labels(server=server, fault=fault)
-        self._rung.labels(server=server).set(0)
-        self._unproven.labels(server=server).set(0)
+
+    def watch_servers(self, source: Callable[[], Iterable[ServerGauges]]) -> None:
+        """Read each server's state, rung, restarts and proof from `source` at every scrape (its owner's view)."""
+        self.registry.register(_ServerCollector(source))
+        for view in source():
+            self._declare_server(view.name)
 
     def declare_sink(self, sink: str) -> None:
         """Create the delivery counters of an alert sink at 0."""
         for outcome in DELIVERY_OUTCOMES:
             self._deliveries.labels(sink=sink, outcome=outcome)
 
-    def set_state(self, server: str, state: str) -> None:
-        """Make `state` the one current state of `server`."""
-        _check("state", state, STATES)
-        self._declare_server(server)
-        for name in STATES:
-            self._state.labels(server=server, state=name).set(1 if name == state else 0)
-
     def incident(self, server: str, fault: str) -> None:
         """Count an incident opened on `server`."""
         self._declare_server(server)
         self._incidents.labels(server=server, fault=_check("fault", fault, FAULT_KINDS)).inc()
-
-    def restart(self, server: str, fault: str) -> None:
-        """Count a restart of `server` caused by `fault`."""
-        self._declare_server(server)
-        self._restarts.labels(server=server, fault=_check("fault", fault, FAULT_KINDS)).inc()
 
     def observe_detection(self, fault: str, seconds: float) -> None:
         """Record how long detecting `fault` took."""
@@ -241,11 +270,6 @@ class SupervisorMetrics:
         """Count a failed write of a state_dir file (`journal` or `state`)."""
         self._write_failures.labels(file=_check("file", what, ("journal", "state"))).inc()
 
-    def set_unproven(self, server: str, unproven: bool) -> None:
-        """Publish whether `server` serves without a passing canary."""
-        self._declare_server(server)
-        self._unproven.labels(server=server).set(1 if unproven else 0)
-
     def probe(self, server: str, probe: str, result: str, duration_s: float) -> None:
         """Record one probe run: its result and duration."""
         self._probe_results.labels(
@@ -258,11 +282,6 @@ class SupervisorMetrics:
         self._canary.labels(
             server=server, canary=canary, verdict=_check("canary verdict", verdict, CANARY_VERDICTS)
         ).inc()
-
-    def set_rung(self, server: str, rung: int) -> None:
-        """Publish the fallback-ladder rung `server` runs on."""
-        self._declare_server(server)
-        self._rung.labels(server=server).set(rung)
 
     def observe_gpu_release(self, server: str, seconds: float) -> None:
         """Record how long releasing and verifying the GPUs of `server` took."""

@@ -7,7 +7,7 @@ import re
 import subprocess
 from typing import Any
 
-from supervisor.reporting.metrics import SupervisorMetrics
+from supervisor.reporting.metrics import ServerGauges, SupervisorMetrics
 from tests.support.paths import REPO
 from tests.support.tools import ensure_promtool
 
@@ -62,16 +62,16 @@ def concrete(expr: str) -> str:
 def populated() -> SupervisorMetrics:
     """A registry with every method called at least once (the dashboard names only metrics it renders)."""
     m = SupervisorMetrics(version="0.1.0")
+    m.watch_servers(
+        lambda: [ServerGauges(s, "serving", 1, {"decode_wedge": 1}, False) for s in ("prefill", "decode")]
+    )
     for server in ("prefill", "decode"):
-        m.set_state(server, "serving")
         m.incident(server, "decode_wedge")
-        m.restart(server, "decode_wedge")
         m.observe_time_to_serving(server, 42.0)
         m.probe(server, "health", "ok", 0.02)
         m.probe(server, "health", "timeout", 20.0)
         m.canary(server, "tool_call", "pass")
         m.canary(server, "reasoning", "fail")
-        m.set_rung(server, 1)
         m.observe_gpu_release(server, 3.5)
     m.observe_detection("decode_wedge", 12.0)
     m.alert_delivery("pagerduty", "ok")

@@ -124,6 +124,7 @@ class FakeHost:
     script: Callable[[float], list[Observation]] = healthy
     spawn_error: str = ""
     release_ok: bool = True
+    release_misses: int = 0  # the next releases that say "released" and leave every process alive
     leftovers: list[ProcId] = field(default_factory=list)
     foreign: list[str] = field(default_factory=list)
     runs: list[FakeRun] = field(default_factory=list)
@@ -175,6 +176,11 @@ class FakeHost:
     async def find_marked(self, marker: str) -> list[ProcId]:
         return list(self.leftovers)
 
+    async def earlier_run(self, marker: str, cfg: Any) -> list[str]:
+        """Leftovers and every launched tree not yet killed (what a real marker scan would find)."""
+        alive = [f"pid {r.pid}" for r in self.runs if r.exit_code is None]
+        return [f"pid {p.pid}" for p in self.leftovers] + alive
+
     async def wait_exit(
         self, pids: Sequence[int], timeout: float, clock: Any, wake: asyncio.Event | None = None
     ) -> None:
@@ -185,8 +191,11 @@ class FakeHost:
 
     async def release(self, cfg: Any, sup: Any, **kw: Any) -> ReleaseReport:
         self.releases.append(kw)
+        if self.release_misses:  # reports success, kills nothing
+            self.release_misses -= 1
+            return ReleaseReport(True, "released", {"total": 0.01})
         for run in self.runs:
-            if run.pid == kw.get("main_pid") and run.exit_code is None:
+            if (run.pid == kw.get("main_pid") or kw.get("any_run_of")) and run.exit_code is None:
                 run.exit_code = -9
         self.leftovers = []
         if self.release_ok:
@@ -244,7 +253,8 @@ port = 0
 [[servers]]
 name = "sim"
 command = ["{sys.executable}", "-m", "simulator.launch_server"]
-args = ["--model-path", "Qwen/Qwen3-8B", "--tp-size", "2", "--port", "31999"]
+args = ["--model-path", "Qwen/Qwen3-8B", "--tool-call-parser", "qwen", "--reasoning-parser", "qwen3",
+        "--tp-size", "2", "--port", "31999"]
 gpus = [0, 1]
 {server}
 """

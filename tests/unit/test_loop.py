@@ -307,12 +307,12 @@ async def test_promote_back_steps_one_rung_up_after_stable_serving(tmp_path: Pat
     """Promote-back: on a fallback rung, after promote_after_s quiet serving, relaunch one rung lower."""
     host, clock = FakeHost(), FakeClock()
     d = daemon(tmp_path, host, clock, server="[servers.policy]\npromote_back = true\npromote_after_s = 60")
-    d.loops[0].record.levels = {"collective_hang": 1}
+    d.loops[0].owner.set_levels({"collective_hang": 1})
     quiet = Observation("progress", 0.0, True, "idle", 0.01, {"work": False})
     host.script = lambda now: [*healthy(now), quiet]
     async with running(d) as loop:
         await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
-    assert loop.record.levels == {}
+    assert loop.owner.levels == {}
     assert incidents(d)[-1]["action"] == "promote" or any(i["action"] == "promote" for i in incidents(d))
 
 

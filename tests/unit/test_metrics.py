@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from supervisor.reporting.metrics import CONTENT_TYPE, FAULT_KINDS, STATES, SupervisorMetrics
+from supervisor.reporting.metrics import CONTENT_TYPE, FAULT_KINDS, STATES, ServerGauges, SupervisorMetrics
 from tests.support.monitoring import populated
 from tests.support.paths import REPO
 
@@ -52,22 +52,27 @@ def test_vocabulary_matches_docs_contracts() -> None:
     assert list(FAULT_KINDS) == listed("## Fault kinds")
 
 
-def test_set_state_sets_exactly_one_state() -> None:
-    """server_state is a state set: 1 for the current state, 0 for every other state."""
+def test_server_state_is_read_from_the_owner_at_scrape_time() -> None:
+    """server_state is a state set read when scraped: 1 for the current state, 0 for every other state."""
     m = SupervisorMetrics()
-    m.set_state("unified", "starting")
-    m.set_state("unified", "recovering")
+    views = [ServerGauges("unified", "starting", 0, {}, False)]
+    m.watch_servers(lambda: list(views))
+    views[0] = ServerGauges("unified", "recovering", 2, {"crash": 1}, True)
     values = {
         s: m.registry.get_sample_value("sglang_supervisor_server_state", {"server": "unified", "state": s})
         for s in STATES
     }
     assert values == {s: (1.0 if s == "recovering" else 0.0) for s in STATES}
+    assert m.registry.get_sample_value("sglang_supervisor_fallback_rung", {"server": "unified"}) == 2.0
+    assert m.registry.get_sample_value("sglang_supervisor_canary_unproven", {"server": "unified"}) == 1.0
+    crash = {"server": "unified", "fault": "crash"}
+    assert m.registry.get_sample_value("sglang_supervisor_restarts_total", crash) == 1.0
 
 
 def test_new_server_starts_every_fault_counter_at_zero() -> None:
     """A server's first appearance creates restart and incident series at 0 for every fault kind."""
     m = SupervisorMetrics()
-    m.set_state("decode", "starting")
+    m.watch_servers(lambda: [ServerGauges("decode", "starting", 0, {}, False)])
     m.incident("decode", "oom")
     for fault in FAULT_KINDS:
         labels = {"server": "decode", "fault": fault}
@@ -88,7 +93,7 @@ def test_declared_sink_has_every_outcome_at_zero() -> None:
 @pytest.mark.parametrize(
     "call",
     [
-        lambda m: m.set_state("s", "running"),
+        lambda m: m.watch_servers(lambda: [ServerGauges("s", "running", 0, {}, False)]) or m.render(),
         lambda m: m.incident("s", "segfault"),
         lambda m: m.probe("s", "health", "slow", 1.0),
         lambda m: m.canary("s", "tool_call", "maybe"),

@@ -20,7 +20,9 @@ from policies.group import (
     plan_group_restart,
 )
 from policies.ladders import DEFAULT_LADDERS
+from policies.model import Fault
 from policies.plan import Plan
+from policies.triage import PlanFacts
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,8 @@ def test_next_generation_carries_incident_levels_streak_and_backoff() -> None:
 def test_the_group_budget_spent_makes_a_failed_generation() -> None:
     """With the group's streak full, the plan fails and the new generation is marked failed."""
     current = Generation(5, restarts=(90.0, 95.0))
-    plan = plan_group_restart(current, "crash", None, DEFAULT_LADDERS, Restart(), now=100.0, rand=0.5)
+    facts = PlanFacts("unified", (), (), 50.0, Restart(), 0.5, (), {}, DEFAULT_LADDERS, "fix")
+    plan = plan_group_restart(Fault("crash", {}, 0.95, "rank lost", 99.0), facts, current, now=100.0)
     assert plan.action == "fail"
     assert next_generation(current, plan, "i", "r", 0, 100.0).failed
 

@@ -8,7 +8,7 @@ import shlex
 
 from policies.states import FaultKind, ServerState
 from supervisor.cli import _parser
-from supervisor.reporting.metrics import SupervisorMetrics
+from supervisor.reporting.metrics import ServerGauges, SupervisorMetrics
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -133,7 +133,9 @@ def test_every_command_line_parses() -> None:
 
 def test_every_metric_mentioned_exists() -> None:
     """Every sglang_supervisor_* name in the runbook is a metric (or series) the supervisor exports."""
-    text = SupervisorMetrics().render().decode()
+    metrics = SupervisorMetrics()
+    metrics.watch_servers(lambda: [ServerGauges("s", "serving", 0, {}, False)])
+    text = metrics.render().decode()
     names = set()
     for name, kind in re.findall(r"^# TYPE (\S+) (\S+)", text, re.MULTILINE):
         names.add(name)

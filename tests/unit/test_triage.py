@@ -78,12 +78,14 @@ def test_advisory_and_off_serve_on_health_alone(mode: str) -> None:
 
 
 def test_advisory_parser_failure_alerts_without_restart() -> None:
-    """`advisory`: a failing canary while serving is a parser_misconfig that does not restart."""
+    """`advisory`: a failing canary while serving is a parser_misconfig whose plan is alert only."""
     settings = ProbeSettings(canary_mode="advisory")
     result = triage(
         [obs("canary_tool", ok=False, verdict="fail")], TreeFacts(), facts(settings=settings), NOW
     )
-    assert result.fault is not None and result.fault.kind == "parser_misconfig" and not result.fault.restart
+    assert result.fault is not None and result.fault.kind == "parser_misconfig"
+    chosen = plan(result.fault, _facts(canary_mode="advisory"), NOW).plan
+    assert chosen.action == "alert" and not chosen.page
 
 
 def test_router_is_judged_on_its_liveness_only() -> None:
@@ -122,14 +124,14 @@ def _facts(**kw: object) -> PlanFacts:
 
 def test_plan_resets_the_streak_after_stable_serving() -> None:
     """Serving for stable_after_s ends the restart streak before the next plan."""
-    fault = Fault("crash", {}, 0.9, "main exited", True, NOW)
+    fault = Fault("crash", {}, 0.9, "main exited", NOW)
     recovery = plan(fault, _facts(restarts=(NOW - 50, NOW - 40), serving_since=NOW - 700), NOW)
     assert recovery.streak_over and recovery.plan.action == "relaunch"
 
 
 def test_spec_decode_argv_tags_the_fault() -> None:
     """A speculative-decoding server's faults pick the spec_decode ladder variant."""
-    fault = Fault("decode_wedge", {"tags": []}, 0.9, "stalled", True, NOW)
+    fault = Fault("decode_wedge", {"tags": []}, 0.9, "stalled", NOW)
     assert "spec_decode" in tags(fault, ("--speculative-algorithm=EAGLE",))
 
 
@@ -145,7 +147,7 @@ def test_promotion_waits_for_quiet_and_stability() -> None:
 
 def test_stream_leak_is_alert_only_whatever_the_budget_says() -> None:
     """A stream leak is alert-only, even with the restart budget spent."""
-    fault = Fault("stream_leak", {}, 0.9, "leak", False, NOW)
+    fault = Fault("stream_leak", {}, 0.9, "leak", NOW)
     spent = tuple(NOW - i for i in range(1, 7))
     assert plan(fault, _facts(restarts=spent), NOW).plan.action == "alert"
 
