@@ -17,8 +17,9 @@ import structlog
 
 from policies.pd import start_order
 from policies.states import ServerState, worst
-from supervisor.alerts.from_config import build_dispatcher
+from supervisor.alerts.from_config import build_dispatcher, delivery_limits
 from supervisor.config import Config, ConfigError, load_config
+from supervisor.config.changes import changed_sections, restart_needed
 from supervisor.config.prepare import prepare
 from supervisor.group.etcd import EtcdClient
 from supervisor.group.member import GroupMember
@@ -165,27 +166,35 @@ class Daemon:
         return results
 
     def reload(self) -> None:
-        """SIGHUP: re-read the config; keep the old one if the new is invalid; argv changes apply at next launch."""
+        """SIGHUP: apply the new config as a whole, or keep the old one and say why (invalid, or needs a restart).
+
+        Probe settings apply at once, argv at the next launch, `[alerts]` by rebuilding the sinks (nothing queued
+        is lost); what the daemon built at start is refused by name (`supervisor.config.changes`).
+        """
         if self.config_path is None:
             return
         try:
             new = load_config(self.config_path)
+            prepared = prepare(new)
         except ConfigError as exc:
             log.error("config.reload_rejected", errors=exc.format_errors())
             return
-        names_old = {s.name for s in self.config.servers}
-        names_new = {s.name for s in new.servers}
-        if names_old != names_new:
+        needs_restart = restart_needed(self.config, new)
+        if needs_restart:
             log.error(
-                "config.reload_rejected", reason="servers added or removed: restart the daemon to apply"
+                "config.reload_rejected",
+                restart_needed=needs_restart,
+                reason="these changes apply only at a daemon restart; nothing was applied",
             )
             return
+        changed = changed_sections(self.config, new)
         register_config(new)
         self.config = new
         self.svc.config = new
         for loop in self.loops:
             loop.reconfigure(new.server(loop.name))
-        log.info("config.reloaded", path=str(self.config_path))
+        self.alerts.reconfigure(prepared.sinks, **delivery_limits(new.alerts))
+        log.info("config.reloaded", path=str(self.config_path), changed=changed)
 
     async def tick(self) -> None:
         """The daemon's heartbeat: while every server loop is fresh, the metrics timestamp and systemd's watchdog."""

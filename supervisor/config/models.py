@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -17,6 +18,7 @@ from supervisor import packaged
 from supervisor.config.group import GroupConfig
 
 SGLANG_DEFAULT_PORT = 30000
+SGLANG_DEFAULT_HOST = "127.0.0.1"
 SGLANG_HEALTH_TIMEOUT_S = 20  # SGLANG_HEALTH_CHECK_TIMEOUT's default inside SGLang
 
 
@@ -149,9 +151,17 @@ class ServerConfig(_Model):
         return self.positive_arg("--port") or SGLANG_DEFAULT_PORT
 
     @property
+    def bind_host(self) -> str:
+        """Where the server binds its HTTP port: `--host` (an IPv6 literal without brackets), default 127.0.0.1."""
+        raw = self.arg("--host")
+        if raw is None:
+            return SGLANG_DEFAULT_HOST
+        return raw[1:-1] if raw.startswith("[") and raw.endswith("]") else raw
+
+    @property
     def base_url(self) -> str:
-        """Where the probes reach this server's HTTP port."""
-        return f"http://127.0.0.1:{self.http_port}"
+        """Where the probes reach this server's HTTP port: its `bind_host` as SGLang's `ServerArgs.url()` makes it."""
+        return f"http://{url_host(self.bind_host)}:{self.http_port}"
 
     @property
     def tp_size(self) -> int:
@@ -208,6 +218,17 @@ class ServerConfig(_Model):
                 return None
             out.append(table[i] if want == "auto" and table else None if want == "none" else want)
         return out[0], out[1]
+
+
+def url_host(host: str) -> str:
+    """A bind address as the host of a URL that reaches it from this machine."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host or SGLANG_DEFAULT_HOST  # a name (`localhost`, the machine's), or empty: every address
+    if ip.version == 6:
+        return "[::1]" if ip.is_unspecified else f"[{host}]"
+    return SGLANG_DEFAULT_HOST if ip.is_unspecified else host
 
 
 class WebhookSinkConfig(_Model):
