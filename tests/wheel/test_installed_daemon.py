@@ -126,7 +126,8 @@ def test_installed_daemon_decides_a_collective_hang_from_py_spy_stacks(
             )
         incident: dict[str, Any] = cured["last_incident"]
         assert incident["fault"] == "collective_hang", incident
-        stacks = incident["evidence"]["stacks"]
+        stacks = incident["evidence"].get("stacks")
+        assert stacks, f"decided without py-spy stacks: {incident['evidence']}"
         ranks = [stacks[f"sglang::scheduler_TP{i}"] for i in range(2)]
         assert {rank["collective"] for rank in ranks} == {"broadcast", "all_reduce"}, stacks
         bundle = Path(incident["forensics_path"])
