@@ -32,12 +32,12 @@ class Placed:
     """What `place` did (or would do) with one file."""
 
     dest: Path
-    action: str  # "written", "unchanged", "replaced", "refused"
+    action: str  # "written", "unchanged", "replaced", "refused", "failed"
     note: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.action != "refused"
+        return self.action not in ("refused", "failed")
 
 
 def executable() -> Path:
@@ -58,6 +58,13 @@ def render_unit(exe: Path) -> str:
 
 def place(data: bytes, dest: Path, *, force: bool, dry_run: bool) -> Placed:
     """Write `data` to `dest` unless it is there already; an edited `dest` only with `force` (kept as .bak)."""
+    try:
+        return _place(data, dest, force=force, dry_run=dry_run)
+    except OSError as exc:
+        return Placed(dest, "failed", exc.strerror or str(exc))
+
+
+def _place(data: bytes, dest: Path, *, force: bool, dry_run: bool) -> Placed:
     try:
         current = dest.read_bytes()
     except FileNotFoundError:
@@ -109,7 +116,9 @@ def report(results: list[Placed], dry_run: bool) -> int:
     verbs = {"written": "would write", "replaced": "would replace"} if dry_run else {}
     for r in results:
         line = f"{verbs.get(r.action, r.action)}: {r.dest}"
-        if r.action == "refused":
+        if r.action == "failed":
+            print(f"cannot write {r.dest}: {r.note}", file=sys.stderr)
+        elif r.action == "refused":
             print(f"{line} differs from the packaged copy (edited?); left as it is.", file=sys.stderr)
             print(r.note, file=sys.stderr)
             print("  --force replaces it and keeps the old one as .bak", file=sys.stderr)

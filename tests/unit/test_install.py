@@ -72,6 +72,13 @@ def test_place_refuses_an_edited_file_and_force_keeps_it_as_bak(tmp_path: Path) 
     assert (tmp_path / "unit.bak").read_bytes() == b"mine\n"
 
 
+def test_a_destination_that_cannot_be_written_is_reported_not_raised(tmp_path: Path) -> None:
+    """A file where a directory should be (or no permission): `failed` with the reason, no traceback."""
+    (tmp_path / "etc").write_text("a file, not a directory")
+    result = place(b"x", tmp_path / "etc" / "unit", force=False, dry_run=False)
+    assert result.action == "failed" and not result.ok and result.note
+
+
 def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     """--dry-run says what it would write and leaves the file system alone."""
     dest = tmp_path / "etc" / "unit"
