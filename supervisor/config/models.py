@@ -47,6 +47,11 @@ class HttpConfig(_Model):
     port: int = Field(9400, ge=0, le=65535)
     token_file: OptionalPath = None
     allow_public_without_token: bool = False  # bind beyond loopback with no token: an explicit choice
+    # what clients can make the daemon's loop do (supervisor.reporting.admission, status_cache)
+    max_connections: int = Field(64, ge=1, le=65536)
+    max_requests_per_s: float = Field(200, gt=0)
+    idle_timeout_s: float = Field(5, gt=0, le=300)
+    cache_s: float = Field(0.25, ge=0, le=60)
 
 
 class RestartConfig(_Model):

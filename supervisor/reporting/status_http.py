@@ -3,12 +3,18 @@
 Bound to loopback by default. Control endpoints answer 403 (with how to enable them) when no token is
 configured, 401 without or with a wrong bearer token (constant-time compare). Nothing secret is served:
 every body goes through `supervisor.redaction.hide`.
+
+The server shares the daemon's one event loop with supervision, so its clients' cost is bounded: `/status`,
+`/metrics` and the incident journal are rendered at most every `cache_s` and served as cached bytes
+(`status_cache`), and connections, request rate, request sizes and slow clients are limited (`admission`).
+`/healthz` is computed on every request: it reads the server loops' last beats, which is O(servers).
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,10 +23,14 @@ from aiohttp import web
 
 from supervisor.config import HttpConfig
 from supervisor.redaction import hide
+from supervisor.reporting.admission import Gate, listeners, read_within
 from supervisor.reporting.metrics import CONTENT_TYPE
+from supervisor.reporting.status_cache import Cached
 
 log = structlog.get_logger()
 MAX_CONTROL_BODY = 16 * 1024
+MAX_HEADER_LINE = 8190  # bytes of the request line and of each header field
+MAX_PAGE = 500
 
 
 def load_token(path: Path) -> str:
@@ -83,10 +93,15 @@ class StatusServer:
         self.runner: web.AppRunner | None = None
         self.host, self.port = http.host, http.port
         self.url = f"http://{self.host}:{self.port}"
+        self.idle_timeout_s = http.idle_timeout_s
+        self.gate = Gate(http.max_connections, http.max_requests_per_s, http.idle_timeout_s)
+        self.status_body = Cached(self._render_status, http.cache_s)
+        self.metrics_body = Cached(self.source.metrics_text, http.cache_s)
+        self.journal = Cached(self._render_journal, http.cache_s)
 
     def app(self) -> web.Application:
         """Routes."""
-        app = web.Application(client_max_size=MAX_CONTROL_BODY)
+        app = web.Application(client_max_size=MAX_CONTROL_BODY, middlewares=[self.gate.middleware])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/status", self.status)
         app.router.add_get("/incidents", self.incidents)
@@ -96,19 +111,33 @@ class StatusServer:
 
     async def start(self) -> None:
         """Bind and serve (the bound port is known even when 0 was asked)."""
-        self.runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        socks = listeners(self.host, self.port)
+        self.runner = web.AppRunner(
+            self.app(),
+            access_log=None,
+            handle_signals=False,
+            max_line_size=MAX_HEADER_LINE,
+            max_field_size=MAX_HEADER_LINE,
+        )
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.host, self.port)
-        await site.start()
-        addresses = self.runner.addresses
-        if addresses:
-            self.port = int(addresses[0][1])
-            self.url = f"http://{self.host}:{self.port}"
+        assert self.runner.server is not None
+        self.gate.start(socks, self.runner.server)
+        self.port = int(socks[0].getsockname()[1])
+        self.url = f"http://{self.host}:{self.port}"
 
     async def stop(self) -> None:
         """Stop serving."""
+        await self.gate.stop()
         if self.runner is not None:
             await self.runner.cleanup()
+
+    def _render_status(self) -> bytes:
+        body = json.loads(json.dumps(self.source.status_document(), default=str))
+        return json.dumps(hide(body)).encode()
+
+    def _render_journal(self) -> list[bytes]:
+        """Every incident of the journal, newest first, each as its JSON bytes."""
+        return [json.dumps(hide(i), default=str).encode() for i in self.source.incidents_page(0, sys.maxsize)]
 
     async def healthz(self, request: web.Request) -> web.Response:
         """200 while every server loop beats (or is inside a bounded step); 503 when one is stale."""
@@ -117,23 +146,22 @@ class StatusServer:
 
     async def status(self, request: web.Request) -> web.Response:
         """Daemon and server state, recent incidents."""
-        body = json.loads(json.dumps(self.source.status_document(), default=str))
-        return web.Response(text=json.dumps(hide(body)), content_type="application/json")
+        return web.Response(body=self.status_body.get(), content_type="application/json", charset="utf-8")
 
     async def incidents(self, request: web.Request) -> web.Response:
         """The incident journal, newest first, paged with `offset` and `limit` (≤ 500)."""
         try:
             offset = max(0, int(request.query.get("offset", "0")))
-            limit = min(500, max(1, int(request.query.get("limit", "50"))))
+            limit = min(MAX_PAGE, max(1, int(request.query.get("limit", "50"))))
         except ValueError:
             return web.json_response({"error": "offset and limit must be integers"}, status=400)
-        page = self.source.incidents_page(offset, limit)
-        body = {"offset": offset, "limit": limit, "incidents": page}
-        return web.Response(text=json.dumps(hide(body), default=str), content_type="application/json")
+        page = b", ".join(self.journal.get()[offset : offset + limit])
+        body = b'{"offset": %d, "limit": %d, "incidents": [%s]}' % (offset, limit, page)
+        return web.Response(body=body, content_type="application/json", charset="utf-8")
 
     async def metrics(self, request: web.Request) -> web.Response:
         """Prometheus text exposition."""
-        return web.Response(body=self.source.metrics_text(), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=self.metrics_body.get(), headers={"Content-Type": CONTENT_TYPE})
 
     async def control(self, request: web.Request) -> web.Response:
         """restart / pause / resume, for one server (`server`) or all; `reason` and `actor` go to the journal."""
@@ -152,7 +180,11 @@ class StatusServer:
                 {"error": "missing or wrong bearer token"}, status=401, headers={"WWW-Authenticate": "Bearer"}
             )
         try:
-            body = await request.json() if request.can_read_body else {}
+            raw = await read_within(request, self.idle_timeout_s) if request.can_read_body else b""
+        except TimeoutError:
+            return web.json_response({"error": "request body too slow"}, status=408)
+        try:
+            body = json.loads(raw) if raw else {}
         except ValueError:
             return web.json_response({"error": "body must be JSON"}, status=400)
         if not isinstance(body, dict):
@@ -165,4 +197,6 @@ class StatusServer:
             result = await self.source.control(action, str(server) if server else None, reason, actor)
         except KeyError:
             return web.json_response({"error": f"unknown server {server!r}"}, status=404)
+        for cached in (self.status_body, self.metrics_body, self.journal):
+            cached.invalidate()
         return web.json_response({"action": action, "servers": result})
