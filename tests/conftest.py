@@ -9,9 +9,12 @@ would starve each other on two cores.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.treewatch import VIOLATIONS
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("real", "wheel", "e2e", "real_serving", "etcd", "hardening", "process", "unit")
@@ -36,3 +39,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             raise pytest.UsageError(f"{item.nodeid} is marked {other} but lives in tests/{tier}/")
         item.add_marker(getattr(pytest.mark, tier))
     items.sort(key=lambda item: TIERS.index(tier_of(item.path) or TIERS[-1]))
+
+
+@pytest.fixture(autouse=True)
+def one_tree_at_a_time() -> Iterator[None]:
+    """Every test that runs a daemon over a deployment (tests/support/daemon.py) is held to the supervisor's
+    invariants, watched from outside: two runs of one server never live at once, and nothing is left after a
+    graceful stop. A deployment's cleanup records what broke; this fails the test at teardown."""
+    VIOLATIONS.clear()
+    yield
+    found = list(VIOLATIONS)
+    VIOLATIONS.clear()
+    if found:
+        pytest.fail("the supervisor's invariants broke:\n" + "\n".join(found))

@@ -13,6 +13,7 @@ reported as soon as without this shortcut (the reaper rescans the host itself be
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
@@ -24,6 +25,12 @@ import psutil
 
 RUN_MARKER = "SGLSUP_RUN_ID"
 SERVER_MARKER = "SGLSUP_SERVER"
+
+
+def server_marker(name: str, state_dir: str | Path) -> str:
+    """The value of `SGLSUP_SERVER` for a server: its name and its deployment (the resolved state dir), so two
+    daemons on one host (or a test and a benchmark) never take each other's servers of the same name."""
+    return f"{name}@{hashlib.sha1(str(Path(state_dir).resolve()).encode()).hexdigest()[:10]}"
 _PROC = Path("/proc")
 _ENVIRON_LIMIT = 4 * 1024 * 1024
 _TITLE_LIMIT = 4096

@@ -20,7 +20,7 @@ from probes.monitor import Monitor
 from supervisor.config import ServerConfig, SupervisorConfig
 from supervisor.host import forensics, launcher, preflight, proctree
 from supervisor.host.flaghelp import HelpUnavailable, target_flags
-from supervisor.host.gpu import GpuBackend
+from supervisor.host.gpu import GpuBackend, device_holders
 from supervisor.host.launcher import SpawnFailed
 from supervisor.host.proctree import ProcId, TreeEvent, TreeSnapshot
 from supervisor.host.release import ReleaseReport, stop_and_release
@@ -232,10 +232,9 @@ class RealHost:
         return await asyncio.to_thread(proctree.find_marked, None, marker)
 
     async def earlier_run(self, marker: str, cfg: ServerConfig) -> list[str]:
-        """Live processes of any run of this server, described (the marker is in every process of a run, so in
-        every holder of its GPUs and ports too)."""
-        found = await asyncio.to_thread(proctree.find_marked, None, marker)
-        return [f"pid {p.pid} ({proctree.display_name(p.pid)})" for p in found]
+        """Live processes of any run of this server (its marker) and every holder of its GPUs, described: a
+        rank that retitled itself may no longer show its environment, but it still holds its GPU."""
+        return await asyncio.to_thread(_earlier_run, marker, cfg)
 
     async def foreign_port_holders(self, cfg: ServerConfig) -> list[str]:
         """Processes that are not ours holding the server's ports, described for the status."""
@@ -296,3 +295,10 @@ class RealHost:
             log_lines=spec.log_lines,
             pids_for_stacks=spec.pids_for_stacks,
         )
+
+
+def _earlier_run(marker: str, cfg: ServerConfig) -> list[str]:
+    found = {p.pid: f"pid {p.pid} ({proctree.display_name(p.pid)})" for p in proctree.find_marked(None, marker)}
+    for holder in device_holders(cfg.device_paths, use_fuser=False):
+        found.setdefault(holder.pid, f"pid {holder.pid} ({holder.name}, {holder.whose}) holds {holder.path}")
+    return [found[pid] for pid in sorted(found)]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import random
 import uuid
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from policies.plan import PARSER_KEY, Plan, build_argv, first_launch_parsers, pa
 from policies.states import ServerState, resume_target
 from policies.triage import PlanFacts, plan
 from supervisor.config import ServerConfig
+from supervisor.host import proctree
 from supervisor.host.flaghelp import HelpUnavailable
 from supervisor.host.launcher import SpawnFailed
 from supervisor.loop import recovery
@@ -53,10 +53,7 @@ class ServerLoop:
         self.svc = svc
         self.clock = svc.clock
         self.name = cfg.name
-        # the server marker names this deployment too (its state dir), so two daemons on one host
-        # (or a test and a benchmark) never reap each other's servers of the same name
-        state_dir = str(Path(svc.config.supervisor.state_dir).resolve())
-        self.marker = f"{cfg.name}@{hashlib.sha1(state_dir.encode()).hexdigest()[:10]}"
+        self.marker = proctree.server_marker(cfg.name, svc.config.supervisor.state_dir)
         self.log = structlog.get_logger().bind(server=cfg.name)
         self.owner = ServerOwner(
             cfg.name,

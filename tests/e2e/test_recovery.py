@@ -70,14 +70,16 @@ def test_oom_twice_steps_mem_fraction_down(tmp_path: Path) -> None:
         assert "--mem-fraction-static=0.83" in third["argv"] or "0.83" in third["argv"]
 
 
-def test_parser_missing_is_fixed_with_the_family_parsers(tmp_path: Path) -> None:
-    """Kimi-K2.5 launched without parsers: parser_misconfig at the first canary, relaunched with kimi_k2 ones."""
+def test_parser_missing_is_fixed_before_the_first_launch(tmp_path: Path) -> None:
+    """Kimi-K2.5 configured without parsers: the first launch already has the kimi_k2 ones — no wasted load."""
     with deployment(tmp_path, parsers=(None, None)) as dep:
         dep.start()
-        fixed = dep.wait(serving, timeout=90, what="serving after the parser fix")
+        fixed = dep.wait(serving, timeout=90, what="serving with the family's parsers")
         assert "--tool-call-parser" in " ".join(fixed["argv"]) and "kimi_k2" in fixed["argv"]
-        assert fixed["last_incident"]["fault"] == "parser_misconfig"
-        assert fixed["restarts"] == 1
+        entry = fixed["last_incident"]
+        assert entry["fault"] == "parser_misconfig" and entry["action"] == "fixed before launch"
+        assert entry["severity"] == "warning" and fixed["restarts"] == 0
+        assert fixed["fallback"]["levels"] == {"parser_misconfig": 1}
 
 
 def test_rung_survives_a_daemon_restart(tmp_path: Path) -> None:

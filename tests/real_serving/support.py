@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from tests.support.daemon import Deployment, q, toml_value
+from tests.support.daemon import Deployment, checked, q, toml_value
 from tests.support.real_sglang import RealSglangError, cache_root
 from tests.support.wait import wait_for
 
@@ -166,10 +166,8 @@ def real_deployment(root: Path, **kw: Any) -> Iterator[RealDeployment]:
     """A real deployment that is always cleaned up; one runs at a time across workers."""
     with one_real_server_at_a_time():
         dep = RealDeployment(root, **kw)
-        try:
+        with checked(dep):
             yield dep
-        finally:
-            dep.cleanup()
 
 
 def serving(s: dict[str, Any]) -> bool:

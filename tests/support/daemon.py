@@ -20,6 +20,7 @@ import psutil
 
 from tests.support import procs
 from tests.support.ports import free_port
+from tests.support.treewatch import VIOLATIONS, TreeWatch, stop_and_check
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +57,7 @@ class Deployment:
     parsers: tuple[str | None, str | None] = ("kimi_k2", "kimi_k2")
     token: str = "s3cret-token"
     daemon: subprocess.Popen[bytes] | None = None
+    watch: TreeWatch | None = None  # the invariants, watched from the first start to the cleanup
 
     def __post_init__(self) -> None:
         self.sim = self.root / "sim"
@@ -152,6 +154,8 @@ class Deployment:
 
     def start(self) -> subprocess.Popen[bytes]:
         """Start `sglang-supervisor run --config` in its own session, logs to a file."""
+        if self.watch is None:
+            self.watch = TreeWatch(self.server_names(), self.root / "state", self.device_map())
         log = open(self.root / "daemon.log", "ab")  # noqa: SIM115 - the child owns it
         self.daemon = subprocess.Popen(
             [sys.executable, "-m", "supervisor.cli", "run", "--config", str(self.config_path)],
@@ -235,23 +239,49 @@ class Deployment:
         """Every live process of this deployment (any run): its simulator state dir is the test's own."""
         return procs.ours(self.sim)
 
-    def cleanup(self) -> None:
-        """Kill the daemon and anything of ours still alive."""
+    def server_names(self) -> list[str]:
+        """The servers of the config."""
+        return [self.name]
+
+    def device_map(self) -> dict[str, list[Path]]:
+        """Each server's GPU device files."""
+        return {self.name: self.devices}
+
+    def cleanup(self, record: bool = True) -> list[str]:
+        """Stop the daemon gracefully, check the invariants (one tree at a time, nothing left after the stop),
+        then kill anything of ours still alive. What broke is returned, and with `record` also kept for the
+        per-test check (tests/conftest.py)."""
+        problems = stop_and_check(self.daemon, self.watch) if self.watch is not None else []
+        self.watch = None
+        if record:
+            VIOLATIONS.extend(problems)
         if self.daemon is not None and self.daemon.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.daemon.pid, signal.SIGKILL)
             self.daemon.wait(timeout=10)
         procs.kill_all(self.sim)
+        return problems
 
 
 @contextlib.contextmanager
 def deployment(root: Path, **kw: Any) -> Iterator[Deployment]:
-    """A deployment that is always cleaned up."""
+    """A deployment that is always cleaned up; its invariants fail the test after a body that passed."""
     dep = Deployment(root, **kw)
-    try:
+    with checked(dep):
         yield dep
-    finally:
-        dep.cleanup()
+
+
+@contextlib.contextmanager
+def checked(dep: Deployment) -> Iterator[None]:
+    """Clean `dep` up after the body; raise what broke the invariants unless the body failed already."""
+    try:
+        yield
+    except BaseException:
+        dep.cleanup(record=False)
+        raise
+    problems = dep.cleanup(record=False)
+    if problems:
+        raise AssertionError("\n".join(problems))
 
 
 class Traffic:
@@ -335,6 +365,12 @@ class PdDeployment(Deployment):
                 *(f"{k} = {json.dumps(v)}" for k, v in self.probes.items()),
             ]
         self.config_path.write_text("\n".join(lines) + "\n")
+
+    def server_names(self) -> list[str]:
+        return ["prefill", "decode", "router"]
+
+    def device_map(self) -> dict[str, list[Path]]:
+        return {name: [self.sim / "dev" / f"nvidia{g}"] for g, name in enumerate(("prefill", "decode"))}
 
     def named(self, name: str) -> dict[str, Any]:
         """One server's status by name."""
