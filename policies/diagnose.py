@@ -125,7 +125,7 @@ def _crash(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
         v = ranks_values(ranks)
         if not v.get("main_alive", True):
             return _fault(kind, "the main process is gone", 0.95, onset=ranks.at, ranks=dict(v))
-        missing = [] if ctx.phase == "starting" else list(v.get("missing", ()))  # not all spawned yet
+        missing = list(v.get("missing", ()))  # only ranks that had appeared (the loop's one rule)
         if missing or v.get("zombie"):
             lost = [*missing, *v.get("zombie", ())]
             return _fault(

@@ -195,7 +195,7 @@ class TreeView:
     """The supervised process tree as the probes see it this tick."""
 
     main_alive: bool = True
-    missing_ranks: tuple[str, ...] = ()
+    missing_ranks: tuple[str, ...] = ()  # ranks that had appeared and are gone (not those still spawning)
     zombie_ranks: tuple[str, ...] = ()
     rank_cpu_s: Mapping[str, float] = field(default_factory=dict)
 

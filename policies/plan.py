@@ -48,7 +48,7 @@ def parser_mismatches(args: Sequence[str], expected: ExpectedParsers) -> list[st
     found = []
     for flag, want in (("--tool-call-parser", expected.tool), ("--reasoning-parser", expected.reasoning)):
         have = argv_reader.value(args, flag)
-        if not parsers_match(want, have):
+        if not parsers_match(want, have, reasoning=flag == "--reasoning-parser"):
             found.append(f"{flag} is {have or 'unset'}; the model family needs {want or 'it unset'}")
     return found
 

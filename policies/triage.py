@@ -290,10 +290,16 @@ def plan(fault: Fault, facts: PlanFacts, now: float) -> Recovery:
 
 @dataclass(frozen=True)
 class Promotion:
-    """Promote-back: the ladder to step one rung back up, and why."""
+    """Promote-back: the ladder to step one rung back up, the levels to relaunch with, and why."""
 
     key: str
     reason: str
+    levels: Mapping[str, int]  # every ladder's level after the step (the promoted one lowered by one)
+
+    @property
+    def step(self) -> tuple[str, int]:
+        """The (ladder, rung) entry the history records, so a returning fault steps back up at once."""
+        return self.key, self.levels.get(self.key, 0)
 
 
 def promotion(
@@ -311,4 +317,5 @@ def promotion(
     if now - serving_since < after_s:
         return None
     key = max(levels, key=lambda k: levels[k])
-    return Promotion(key, f"stable for {after_s:g}s: try {key} rung {levels[key] - 1}")
+    lowered = {k: (v - 1 if k == key else v) for k, v in levels.items()}
+    return Promotion(key, f"stable for {after_s:g}s: try {key} rung {levels[key] - 1}", lowered)

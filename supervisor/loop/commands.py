@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from policies.decide import Next
 from policies.model import Fault
+from policies.triage import Promotion
 
 
 @dataclass
@@ -17,6 +18,7 @@ class Command:
     reason: str = ""
     actor: str = "operator"
     done: asyncio.Future[str] | None = field(default=None, repr=False)
+    promotion: Promotion | None = None  # a promote: the levels decided by policies.triage.promotion
 
     def answer(self, result: str) -> None:
         """Tell the caller waiting on `done` (once)."""

@@ -193,18 +193,10 @@ async def release_run(loop: Loop, mode: str, any_run_of: str | None = None) -> R
     return report
 
 
-def promote(loop: Loop) -> None:
-    """Lower the highest ladder one rung; recorded in the history so a returning fault steps back up at once."""
-    levels = loop.owner.levels
-    key = max(levels, key=lambda k: levels[k])
-    levels[key] -= 1
-    loop.owner.set_levels(levels, (key, levels[key]))
-
-
 async def planned_restart(loop: Loop, cmd: Command) -> None:
     """An operator restart (or a promotion): an incident with who and why, drain, release, relaunch at once."""
-    if cmd.kind == "promote":
-        promote(loop)
+    if cmd.promotion is not None:  # the levels policies.triage.promotion decided
+        loop.owner.set_levels(cmd.promotion.levels, cmd.promotion.step)
     loop.operator_entry(cmd.kind, cmd)
     loop.owner.transition(S.STOPPING, f"restart requested by {cmd.actor}: {cmd.reason}")
     report = await release_run(loop, mode="drain")

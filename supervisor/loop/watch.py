@@ -93,7 +93,7 @@ class Watch:
             return TreeView()
         return TreeView(
             snap.main_alive,
-            tuple(r.title for r in snap.ranks if r.status == "missing"),
+            tuple(r.title for r in snap.ranks if r.status == "missing" and r.title in self.seen_ranks),
             tuple(r.title for r in snap.ranks if r.status == "zombie"),
             {r.title: r.cpu_time_s for r in snap.ranks if r.cpu_time_s is not None},
         )
@@ -207,6 +207,9 @@ class Watch:
         assert self.monitor is not None
         now = loop.clock.monotonic()
         self.tree, events = await loop.svc.host.poll_tree(self.tree, run.pid, owner.run_id, self.titles())
+        # a rank counts as lost only once it had appeared (ranks spawn during a load): the one rule, for the
+        # tree's events here and for the ranks probe (tree_view)
+        self.seen_ranks |= {r.title for r in self.tree.ranks if r.status == "running"}
         new = await self.monitor.tick(now)
         self._record(new)
         losses = self._losses(events)
@@ -265,12 +268,12 @@ class Watch:
             enabled=policy.promote_back,
             after_s=policy.promote_after_s,
         )
-        return None if due is None else Outcome(command=Command("promote", due.reason, "supervisor"))
+        if due is None:
+            return None
+        return Outcome(command=Command("promote", due.reason, "supervisor", promotion=due))
 
     def _losses(self, events: list[proctree.TreeEvent]) -> list[str]:
         """Events that are real losses: a rank counts only once it had appeared (ranks spawn during a load)."""
-        if self.tree is not None:
-            self.seen_ranks |= {r.title for r in self.tree.ranks if r.status == "running"}
         kept = [e for e in events if e.kind != "rank_lost" or e.title in self.seen_ranks]
         return [f"{e.kind} {e.title or e.pid}" for e in kept]
 

@@ -124,6 +124,7 @@ class FakeHost:
     script: Callable[[float], list[Observation]] = healthy
     spawn_error: str = ""
     release_ok: bool = True
+    spawning: set[str] = field(default_factory=set)  # rank titles a new run has not spawned yet
     release_misses: int = 0  # the next releases that say "released" and leave every process alive
     leftovers: list[ProcId] = field(default_factory=list)
     foreign: list[str] = field(default_factory=list)
@@ -144,6 +145,7 @@ class FakeHost:
         if self.spawn_error:
             return SpawnFailed(self.spawn_error)
         run = FakeRun(4000 + len(self.runs), argv, self.titles)
+        run.lost |= self.spawning
         self.runs.append(run)
         return run
 

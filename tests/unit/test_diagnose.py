@@ -94,9 +94,10 @@ def test_missing_rank_with_main_alive_is_crash() -> None:
     assert fault.evidence["ranks"]["missing"] == ["sglang::scheduler_TP1"]
 
 
-def test_ranks_not_yet_spawned_while_starting_are_not_a_crash() -> None:
-    """During startup the ranks appear one by one: missing is not lost."""
-    assert diagnose([ranks(missing=("sglang::scheduler_TP0",))], ctx("starting", started_at=NOW), NOW) is None
+def test_a_rank_lost_while_starting_is_a_startup_failure() -> None:
+    """A rank that had appeared and is gone before /health ever said 200 is a startup failure."""
+    window = [ranks(missing=("sglang::scheduler_TP0",))]
+    assert kind_of(window, ctx("starting", started_at=NOW), NOW) == "startup_failure"
 
 
 def test_crash_while_starting_is_startup_failure() -> None:

@@ -478,3 +478,19 @@ async def test_a_daemon_killed_mid_recovery_leaves_one_tree_the_rung_and_a_compl
     assert "--disable-cuda-graph" in again.runs[0].argv
     crash = [i for i in incidents(second, "crash") if "mid-recovery" in str(i["reason"])]
     assert crash and crash[-1]["recovered_at"] is not None
+
+
+async def test_ranks_still_spawning_are_not_lost(tmp_path: Path) -> None:
+    """A rank that never appeared yet (the load spawns them one by one) is no loss; once it appeared, it is."""
+    host, clock = FakeHost(script=lambda now: [health(now, 503)]), FakeClock()
+    host.spawning = {"sglang::scheduler_TP1"}
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: len(host.runs) == 1)
+        for _ in range(20):
+            await clock.sleep(1.0)
+        assert loop.state is S.STARTING and not incidents(d)
+        host.run.lost.clear()
+        await clock.sleep(1.0)
+        host.run.lost.add("sglang::scheduler_TP1")
+        await until(lambda: bool(incidents(d, "startup_failure")))
