@@ -110,6 +110,7 @@ def cmd_check(path: Path) -> int:
     args and ladder flags are checked against its own SGLang's `--help`.
     """
     from supervisor.config import ConfigError, load_config
+    from supervisor.config.checks import parser_warnings
     from supervisor.config.prepare import prepare
     from supervisor.redaction import secret_file_warnings
 
@@ -118,7 +119,7 @@ def cmd_check(path: Path) -> int:
         prepare(cfg)
     except ConfigError as exc:
         return _invalid(path, exc.format_errors())
-    for warning in secret_file_warnings(cfg):
+    for warning in [*secret_file_warnings(cfg), *parser_warnings(cfg)]:
         print(f"warning: {warning}", file=sys.stderr)
     problems = check_target_flags(cfg)
     if problems:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from policies import argv
 from policies.ladders import parse_ladders
-from policies.parsers_table import REASONING_PARSERS, TOOL_PARSERS
+from policies.parsers_table import REASONING_PARSERS, TOOL_PARSERS, ExpectedParsers
 from policies.pd import Role, start_order
+from policies.plan import parser_mismatches
 from supervisor.config.errors import FieldError
 from supervisor.config.group import check_group
 from supervisor.config.models import Config, ServerConfig
@@ -178,3 +179,21 @@ def _check_resources(
         if ports.setdefault(port, path) != path:
             errors.append(FieldError(path, port, f"a port not already used by {ports[port]}"))
     return errors
+
+
+def parser_warnings(config: Config) -> list[str]:
+    """What each server's parsers will cost at its first launch: the args differ from the model family's."""
+    found = []
+    for i, server in enumerate(config.servers):
+        expected = server.expected_parsers()
+        if server.role is Role.ROUTER or expected is None:
+            continue
+        wrong = parser_mismatches(server.args, ExpectedParsers(*expected))
+        if not wrong:
+            continue
+        if server.policy.parser_policy == "fix":
+            cost = "the daemon launches with the family's parsers instead (parser_policy = fix): put them in args"
+        else:
+            cost = "the server will serve degraded and alert (parser_policy = alert): agent clients get raw markup"
+        found.append(f"servers[{i}].args ({server.name}): {'; '.join(wrong)} — {cost}")
+    return found

@@ -33,3 +33,21 @@ def test_check_config_reports_a_launch_flag_the_target_rejects(
     assert (
         main(["check-config", "--config", str(_config(tmp_path, ["--cuda-graph-max-bs-decode", "8"]))]) == 0
     )
+
+
+def test_check_config_warns_what_missing_parsers_cost_at_the_first_launch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Kimi-K2.5 without its parsers: ok (exit 0), with a warning naming the flag and what the daemon does."""
+    path = _config(tmp_path, ["--log-level", "info"])
+    path.write_text(
+        path.read_text()
+        .replace('"--tool-call-parser", "kimi_k2",', "")
+        .replace('"--reasoning-parser", "kimi_k2",', "")
+    )
+    assert main(["check-config", "--config", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "warning: servers[0].args (sim): --tool-call-parser is unset; the model family needs kimi_k2" in err
+    )
+    assert "launches with the family's parsers instead" in err
