@@ -28,20 +28,14 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from simulator.logs import log, uvicorn
-from simulator.teardown import Crash, kill_tree
+from simulator.procs import kill_tree
+from simulator.teardown import Crash
 
 if TYPE_CHECKING:
     from simulator.cli import SimServerArgs
-    from simulator.lifecycle import Launch
+    from simulator.launch import Launch
 
 _LINE_MAX = 1 << 16
-
-
-def local_tp(args: SimServerArgs) -> tuple[int, int]:
-    """(ranks of the TP group on this node, global TP rank of its first one)."""
-    nnodes = max(1, args.nnodes)
-    per_node = max(1, max(1, args.tp_size) // nnodes)
-    return per_node, args.node_rank * per_node
 
 
 def _addr(args: SimServerArgs) -> tuple[str, int]:
