@@ -210,16 +210,6 @@ def present(argv: Sequence[str], flag: str, table: FlagTable = SGLANG) -> bool:
     return found.negated == negated
 
 
-def int_value(argv: Sequence[str], flag: str, table: FlagTable = SGLANG) -> int | None:
-    """`flag`'s value as an int (argparse's `type=int`); None when absent; ValueError when not an int."""
-    found = last(argv, flag, table)
-    if found is None:
-        return None
-    if not found.values:
-        raise ValueError(f"{found.written} needs a value")
-    return int(found.values[-1])
-
-
 def _is_secret(occurrence: Occurrence, table: FlagTable) -> bool:
     if occurrence.known:
         return occurrence.option in table.secrets

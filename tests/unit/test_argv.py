@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from policies import argv
-from policies.argv import EXACT, SGLANG, int_value, present, redact, scan, value, values
+from policies.argv import EXACT, SGLANG, present, redact, scan, value, values
 from tests.support.paths import DATA
 
 FLAGS_0523 = DATA / "sglang-0.5.23-flags.txt"
@@ -60,16 +60,12 @@ def test_switches_take_no_value_and_pairs_keep_the_last_polarity() -> None:
     assert value(args, "--model-path") == "m"
 
 
-def test_lists_and_ints() -> None:
-    """nargs='+' keeps every value of the last occurrence; int_value converts like type=int."""
+def test_lists_keep_the_last_occurrence() -> None:
+    """nargs='+' keeps every value of the last occurrence; an abbreviation reads its flag's value."""
     args = ["--cuda-graph-bs-decode", "1", "2", "--cuda-graph-bs-decode", "4", "8", "--tp", "2"]
     assert values(args, "--cuda-graph-bs-decode") == ("4", "8")
-    assert int_value(args, "--tp-size") == 2
-    assert int_value(args, "--dp-size") is None
-    with pytest.raises(ValueError, match="needs a value"):
-        int_value(["--port"], "--port")
-    with pytest.raises(ValueError, match="invalid literal"):
-        int_value(["--port", "x"], "--port")
+    assert value(args, "--tp-size") == "2"
+    assert value(args, "--dp-size") is None
 
 
 def test_ambiguous_prefix_is_an_unknown_option_not_a_guess() -> None:
