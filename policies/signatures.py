@@ -202,7 +202,6 @@ for _i, _sig in enumerate(CATALOG):
     for _word in _sig.words:
         _INDEX.setdefault(_word, []).append(_i)
 _COMPILED = tuple(re.compile(sig.pattern) for sig in CATALOG)
-_PROGRESS_KINDS = frozenset((STARTUP_PROGRESS, PREFILL_PROGRESS, DECODE_PROGRESS, READY))
 
 
 def classify(line: str) -> Signature | None:
@@ -230,8 +229,3 @@ def scan(lines: Iterable[str]) -> list[Hit]:
         if sig is not None:
             hits.append(Hit(sig, line))
     return hits
-
-
-def is_progress(sig: Signature) -> bool:
-    """True for lines that show the server moving (startup phases, batches, readiness)."""
-    return sig.kind in _PROGRESS_KINDS

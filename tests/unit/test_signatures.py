@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from policies.signatures import CATALOG, classify, is_progress, scan
+from policies.signatures import CATALOG, classify, scan
 
 # (a real line, the signature that must name it)
 REAL_LINES: tuple[tuple[str, str], ...] = (
@@ -244,10 +244,9 @@ def test_fault_kinds_are_contract_names() -> None:
     assert {s.kind for s in CATALOG if s.fatal} <= kinds
 
 
-def test_scan_keeps_order_and_progress_flag() -> None:
-    """scan returns hits in log order; progress lines are flagged as progress, crashes are not."""
+def test_scan_keeps_order_and_only_fatal_lines_are_fatal() -> None:
+    """scan returns hits in log order; a progress line is not fatal, a crash is."""
     hits = scan([REAL_LINES[4][0], ORDINARY_LINES[0], REAL_LINES[33][0]])
     assert [h.signature.name for h in hits] == ["load_weight", "sched_exception"]
-    assert is_progress(hits[0].signature)
-    assert not is_progress(hits[1].signature)
+    assert not hits[0].signature.fatal
     assert hits[1].signature.fatal
