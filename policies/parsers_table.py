@@ -141,27 +141,16 @@ FAMILIES: tuple[tuple[str, str, str | None, str | None], ...] = (
     (rf"llama{_S}4", "llama-4", "pythonic", None),
     (rf"llama{_S}3", "llama-3", "llama3", None),
 )
-_COMPILED = tuple((re.compile(p), family, ExpectedParsers(t, r)) for p, family, t, r in FAMILIES)
-
-
-def _lookup(model_path: str) -> tuple[str, ExpectedParsers] | None:
-    for component in reversed([c for c in re.split(r"[/\\]", model_path.lower()) if c]):
-        for pattern, family, parsers in _COMPILED:
-            if pattern.search(component):
-                return family, parsers
-    return None
-
-
-def family_of(model_path: str) -> str | None:
-    """The model family named by `model_path`, or None when it is not in the table."""
-    found = _lookup(model_path)
-    return found[0] if found else None
+_COMPILED = tuple((re.compile(p), ExpectedParsers(t, r)) for p, _, t, r in FAMILIES)
 
 
 def expected_parsers(model_path: str) -> ExpectedParsers | None:
     """`(tool, reasoning)` parsers for the model's family, or None when the family is unknown."""
-    found = _lookup(model_path)
-    return found[1] if found else None
+    for component in reversed([c for c in re.split(r"[/\\]", model_path.lower()) if c]):
+        for pattern, parsers in _COMPILED:
+            if pattern.search(component):
+                return parsers
+    return None
 
 
 # `--tool-call-parser` names that SGLang 0.5.23 serves with one detector built the same way, → one name for them:

@@ -11,7 +11,6 @@ from policies.parsers_table import (
     REASONING_PARSERS,
     TOOL_PARSERS,
     expected_parsers,
-    family_of,
     parsers_match,
 )
 from tests.support.paths import DATA
@@ -20,49 +19,48 @@ MARKERS = DATA / "sglang-0.5.23-markers.json"
 
 
 @pytest.mark.parametrize(
-    ("model", "family", "tool", "reasoning"),
+    ("model", "tool", "reasoning"),
     [
-        ("moonshotai/Kimi-K2-Instruct", "kimi-k2", "kimi_k2", None),
-        ("moonshotai/Kimi-K2-Thinking", "kimi-k2-thinking", "kimi_k2", "kimi_k2"),
-        ("moonshotai/Kimi-K2.5", "kimi-k2.5", "kimi_k2", "kimi_k2"),
-        ("deepseek-ai/DeepSeek-V3-0324", "deepseek-v3", "deepseekv3", None),
-        ("deepseek-ai/DeepSeek-R1-0528", "deepseek-r1", "deepseekv3", "deepseek-r1"),
-        ("deepseek-ai/DeepSeek-V3.1-Terminus", "deepseek-v3.1", "deepseekv31", "deepseek-v3"),
-        ("deepseek-ai/DeepSeek-V3.2-Exp", "deepseek-v3.2-exp", "deepseekv31", "deepseek-v3"),
-        ("deepseek-ai/DeepSeek-V3.2", "deepseek-v3.2", "deepseekv32", "deepseek-v3"),
-        ("deepseek-ai/DeepSeek-V4", "deepseek-v4", "deepseekv4", "deepseek-v4"),
-        ("Qwen/Qwen2.5-72B-Instruct", "qwen2.5", "qwen", None),
-        ("Qwen/Qwen3-235B-A22B", "qwen3", "qwen", "qwen3"),
-        ("Qwen/Qwen3-235B-A22B-Thinking-2507", "qwen3-thinking-2507", "qwen", "qwen3-thinking"),
-        ("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3-instruct-2507", "qwen", None),
-        ("Qwen/Qwen3-Coder-480B-A35B-Instruct", "qwen3-coder", "qwen3_coder", None),
-        ("zai-org/GLM-4.5-Air", "glm-4.5", "glm45", "glm45"),
-        ("zai-org/GLM-4.6", "glm-4.5", "glm45", "glm45"),
-        ("zai-org/GLM-4.7", "glm-4.7", "glm47", "glm45"),
-        ("zai-org/GLM-5", "glm-5", "glm47", "glm45"),
-        ("MiniMaxAI/MiniMax-M2.5", "minimax-m2", "minimax-m2", "minimax"),
-        ("openai/gpt-oss-120b", "gpt-oss", "gpt-oss", "gpt-oss"),
-        ("mistralai/Mistral-Small-3.2-24B-Instruct-2506", "mistral", "mistral", None),
-        ("mistralai/Magistral-Small-2509", "magistral", "mistral", "mistral"),
-        ("meta-llama/Llama-3.3-70B-Instruct", "llama-3", "llama3", None),
-        ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "llama-4", "pythonic", None),
+        ("moonshotai/Kimi-K2-Instruct", "kimi_k2", None),
+        ("moonshotai/Kimi-K2-Thinking", "kimi_k2", "kimi_k2"),
+        ("moonshotai/Kimi-K2.5", "kimi_k2", "kimi_k2"),
+        ("deepseek-ai/DeepSeek-V3-0324", "deepseekv3", None),
+        ("deepseek-ai/DeepSeek-R1-0528", "deepseekv3", "deepseek-r1"),
+        ("deepseek-ai/DeepSeek-V3.1-Terminus", "deepseekv31", "deepseek-v3"),
+        ("deepseek-ai/DeepSeek-V3.2-Exp", "deepseekv31", "deepseek-v3"),
+        ("deepseek-ai/DeepSeek-V3.2", "deepseekv32", "deepseek-v3"),
+        ("deepseek-ai/DeepSeek-V4", "deepseekv4", "deepseek-v4"),
+        ("Qwen/Qwen2.5-72B-Instruct", "qwen", None),
+        ("Qwen/Qwen3-235B-A22B", "qwen", "qwen3"),
+        ("Qwen/Qwen3-235B-A22B-Thinking-2507", "qwen", "qwen3-thinking"),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen", None),
+        ("Qwen/Qwen3-Coder-480B-A35B-Instruct", "qwen3_coder", None),
+        ("zai-org/GLM-4.5-Air", "glm45", "glm45"),
+        ("zai-org/GLM-4.6", "glm45", "glm45"),
+        ("zai-org/GLM-4.7", "glm47", "glm45"),
+        ("zai-org/GLM-5", "glm47", "glm45"),
+        ("MiniMaxAI/MiniMax-M2.5", "minimax-m2", "minimax"),
+        ("openai/gpt-oss-120b", "gpt-oss", "gpt-oss"),
+        ("mistralai/Mistral-Small-3.2-24B-Instruct-2506", "mistral", None),
+        ("mistralai/Magistral-Small-2509", "mistral", "mistral"),
+        ("meta-llama/Llama-3.3-70B-Instruct", "llama3", None),
+        ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "pythonic", None),
     ],
 )
-def test_known_families(model: str, family: str, tool: str | None, reasoning: str | None) -> None:
+def test_known_families(model: str, tool: str | None, reasoning: str | None) -> None:
     """Each family in parsers.md maps to its documented parsers."""
-    assert family_of(model) == family
     assert expected_parsers(model) == (tool, reasoning)
 
 
 def test_local_and_hub_cache_paths_resolve() -> None:
     """Local directories and hub-cache snapshot paths resolve by their named component."""
-    assert family_of("/models/deepseek_v3_1/") == "deepseek-v3.1"
-    assert family_of("/hf/models--moonshotai--Kimi-K2.5/snapshots/0123abcd") == "kimi-k2.5"
+    assert expected_parsers("/models/deepseek_v3_1/") == ("deepseekv31", "deepseek-v3")
+    assert expected_parsers("/hf/models--moonshotai--Kimi-K2.5/snapshots/0123abcd") == ("kimi_k2", "kimi_k2")
 
 
 def test_unknown_model_has_no_expectation() -> None:
     """An unknown model yields None, so no parser check is made."""
-    assert family_of("/models/my-finetune") is None
+    assert expected_parsers("/models/my-finetune") is None
     assert expected_parsers("") is None
 
 
