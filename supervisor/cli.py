@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     drill.add_argument("scenario", help="a simulator fault scenario (e.g. overlap_tp_desync_hang)")
     drill.add_argument("--timeout", type=float, default=180.0, help="give up after this many seconds")
+    from supervisor.importing import add_parser as add_import_parser
+
+    add_import_parser(sub)
     _packaging_parsers(p, sub)
     return p
 
@@ -72,7 +75,13 @@ def _packaging_parsers(p: argparse.ArgumentParser, sub: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
-    args = _parser().parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    after = raw.index("--") if raw[:1] == ["import"] and "--" in raw else len(raw)
+    args = _parser().parse_args(raw[:after])
+    if args.cmd == "import":
+        from supervisor.importing.command import run_import
+
+        return run_import(args.units, raw[after + 1 :], args.output, args.force, args.parsers)
     if args.cmd == "run":
         return cmd_run(args.config, args.log_level)
     if args.cmd == "check-config":
