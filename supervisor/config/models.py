@@ -49,7 +49,7 @@ class HttpConfig(_Model):
     allow_public_without_token: bool = False  # bind beyond loopback with no token: an explicit choice
     # what clients can make the daemon's loop do (supervisor.reporting.admission, status_cache)
     max_connections: int = Field(64, ge=1, le=65536)
-    max_requests_per_s: float = Field(200, gt=0)
+    max_requests_per_s: float = Field(500, gt=0)
     idle_timeout_s: float = Field(5, gt=0, le=300)
     cache_s: float = Field(0.25, ge=0, le=60)
 

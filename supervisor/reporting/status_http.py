@@ -25,7 +25,7 @@ from supervisor.config import HttpConfig
 from supervisor.redaction import hide
 from supervisor.reporting.admission import Gate, listeners, read_within
 from supervisor.reporting.metrics import CONTENT_TYPE
-from supervisor.reporting.status_cache import Cached
+from supervisor.reporting.status_cache import Cached, Threaded
 
 log = structlog.get_logger()
 MAX_CONTROL_BODY = 16 * 1024
@@ -65,7 +65,7 @@ class StatusSource(Protocol):
         ...
 
     def incidents_page(self, offset: int, limit: int) -> list[dict[str, Any]]:
-        """A page of the incident journal, newest first."""
+        """A page of the incident journal, newest first; called from a worker thread (it reads the file only)."""
         ...
 
     def metrics_text(self) -> bytes:
@@ -97,7 +97,7 @@ class StatusServer:
         self.gate = Gate(http.max_connections, http.max_requests_per_s, http.idle_timeout_s)
         self.status_body = Cached(self._render_status, http.cache_s)
         self.metrics_body = Cached(self.source.metrics_text, http.cache_s)
-        self.journal = Cached(self._render_journal, http.cache_s)
+        self.journal = Threaded(self._render_journal, http.cache_s)
 
     def app(self) -> web.Application:
         """Routes."""
@@ -136,7 +136,7 @@ class StatusServer:
         return json.dumps(hide(body)).encode()
 
     def _render_journal(self) -> list[bytes]:
-        """Every incident of the journal, newest first, each as its JSON bytes."""
+        """Every incident of the journal, newest first, each as its JSON bytes (in a worker thread)."""
         return [json.dumps(hide(i), default=str).encode() for i in self.source.incidents_page(0, sys.maxsize)]
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -155,7 +155,7 @@ class StatusServer:
             limit = min(MAX_PAGE, max(1, int(request.query.get("limit", "50"))))
         except ValueError:
             return web.json_response({"error": "offset and limit must be integers"}, status=400)
-        page = b", ".join(self.journal.get()[offset : offset + limit])
+        page = b", ".join((await self.journal.fetch())[offset : offset + limit])
         body = b'{"offset": %d, "limit": %d, "incidents": [%s]}' % (offset, limit, page)
         return web.Response(body=body, content_type="application/json", charset="utf-8")
 

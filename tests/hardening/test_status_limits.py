@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -154,6 +155,32 @@ def test_documents_are_rendered_once_per_period_and_after_a_command(tmp_path: Pa
 
     (tmp_path / "token").write_text("tok\n")
     asyncio.run(scenario(tmp_path / "token"))
+
+
+def test_the_journal_renders_off_the_loop() -> None:
+    """While the journal is being read (held here), the loop still answers /healthz; then /incidents answers."""
+    release = threading.Event()
+
+    class SlowJournal(Source):
+        def incidents_page(self, offset: int, limit: int) -> list[dict[str, Any]]:
+            release.wait(30)
+            return super().incidents_page(offset, limit)
+
+    async def scenario() -> None:
+        source = SlowJournal()
+        async with serving(source) as server:
+            page = asyncio.create_task(request(server.port, "/incidents?limit=2"))
+            await wait_until(lambda: server.journal.rendering is not None, 10, "the journal being read")
+            assert (await request(server.port, "/healthz"))[0] == 200
+            assert not page.done()
+            release.set()
+            status, _, body = await asyncio.wait_for(page, 10)
+            assert status == 200 and json.loads(body)["incidents"] == [{"id": "i699"}, {"id": "i698"}]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
 
 
 def test_oversized_or_slow_requests_are_refused(tmp_path: Path) -> None:
