@@ -9,8 +9,8 @@ Phase and role rules live here, once:
   `startup_failure` while starting if `/health` never answered 200 in this launch. The dying tree's last log
   lines name a more specific kind first (`gpu_fault`, `oom`), and a collective hang or GPU fault the probes saw
   before the death wins over the death it caused.
-- **The router** is judged on its own liveness only (`health_unresponsive`): wedges behind it belong to the
-  decode or prefill.
+- **The router** is judged on its own liveness only (`health_unresponsive`, and `startup_stalled` when its
+  `/health` has not answered within `startup_budget_s`): wedges behind it belong to the decode or prefill.
 - **Starting**: only `parser_misconfig`, `startup_stalled` and the wedges (`STARTUP_WEDGES`) count; 503 and a
   closed port are normal. Startup ends (`serving`) when `/health` is 200 and the canary gate opens:
   `canary_mode = "require"` needs the tool canary (and the reasoning canary when a reasoning parser is expected)
@@ -171,6 +171,17 @@ def _waiting_for_health(window: Sequence[Observation]) -> str:
     return f"/health 200 (last: {v.get('status') or health.detail})"
 
 
+def _router_startup_spent(window: Sequence[Observation], facts: ServerFacts, now: float) -> Fault | None:
+    """A router whose /health has not answered 200 within its startup budget is stalled. The budget alone
+    judges it: a router logs no startup progress, and it may wait for its workers' long loads in silence."""
+    budget = facts.settings.startup_budget_s
+    if now - facts.started_at < budget:
+        return None
+    evidence = {"startup": {"silent_s": round(now - facts.started_at, 1), "progress_line": None}}
+    why = f"startup budget of {budget:.0f}s spent: {_waiting_for_health(window)}"
+    return Fault(FaultKind.STARTUP_STALLED.value, evidence, 0.8, why, facts.started_at + budget)
+
+
 def triage(window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, now: float) -> Triage:
     """What this tick shows for one server (the rules are in the module docstring)."""
     phase = facts.phase if facts.phase in ("starting", "serving", "degraded") else "serving"
@@ -182,8 +193,10 @@ def triage(window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, n
     if facts.role == "router":
         if phase == "starting":
             health = _latest(window, "health")
-            ok = health is not None and health.ok
-            return Triage(serving=True) if ok else Triage(waiting_for=_waiting_for_health(window))
+            if health is not None and health.ok:
+                return Triage(serving=True)
+            late = _router_startup_spent(window, facts, now)
+            return Triage(fault=late) if late else Triage(waiting_for=_waiting_for_health(window))
         fault = diagnose(window, ctx, now, only={FaultKind.HEALTH_UNRESPONSIVE})
         return Triage(fault=fault)
     if phase == "starting":

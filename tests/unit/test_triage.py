@@ -88,6 +88,16 @@ def test_advisory_parser_failure_alerts_without_restart() -> None:
     assert chosen.action == "alert" and not chosen.page
 
 
+def test_a_router_that_never_answers_within_its_startup_budget_is_startup_stalled() -> None:
+    """`startup_budget_s` bounds a router's start too: a /health that never answers is a startup_stalled fault."""
+    refused = [obs("health", ok=False, at=NOW - i, refused=True) for i in range(5)]
+    waiting = ServerFacts("router", "starting", NOW - S.startup_budget_s + 1, S)
+    assert triage(refused, TreeFacts(), waiting, NOW).fault is None
+    spent = ServerFacts("router", "starting", NOW - S.startup_budget_s, S)
+    fault = triage(refused, TreeFacts(), spent, NOW).fault
+    assert fault is not None and fault.kind == "startup_stalled" and "budget" in fault.reason
+
+
 def test_router_is_judged_on_its_liveness_only() -> None:
     """A stalled decode behind the router is not the router's fault."""
     stalled = obs("progress", stalled_s=999.0, work=True, work_reasons=["canary_outstanding"])
