@@ -371,4 +371,11 @@ async def test_every_setting_keeps_one_tree_and_ends_where_its_plan_says(
     assert least <= host.launches[target] <= most, (host.launches, reasons)
     if most == 1 and ends != {S.FAILED}:  # it served (or degraded) throughout: nothing was killed
         assert not released[target], host.releases
+    journal = [i for i in d.svc.incidents.recent if i.server == target]
+    if states[target] is S.FAILED:  # an operator is needed: paged
+        assert any(i.severity == "page" for i in journal), [(i.fault, i.action) for i in journal]
+    if states[target] is S.DEGRADED:  # alerted, not restarted
+        assert any(i.fault == kind and i.action == "alert" for i in journal), [
+            (i.fault, i.action) for i in journal
+        ]
     assert all(state is S.SERVING for name, state in states.items() if name != target), (states, reasons)
