@@ -41,20 +41,43 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--reason", default="")
         c.add_argument("--url", default=os.environ.get("SGLSUP_URL", DEFAULT_URL))
         c.add_argument("--token-file", type=Path, default=os.environ.get("SGLSUP_TOKEN_FILE"))
-    demo = sub.add_parser("demo", help="supervise a simulated 8-GPU SGLang server")
-    demo.add_argument("--scenario", help="a simulator fault scenario (e.g. overlap_tp_desync_hang)")
-    demo.add_argument("--print-config", action="store_true", help="print the config it would run and exit")
-    demo.add_argument("--port", type=int, default=9400, help="status port (a free one if busy)")
-    drill = sub.add_parser(
-        "drill", help="on-call training: inject a fault into a simulated server and narrate"
-    )
-    drill.add_argument("scenario", help="a simulator fault scenario (e.g. overlap_tp_desync_hang)")
-    drill.add_argument("--timeout", type=float, default=180.0, help="give up after this many seconds")
+    _training_parsers(sub)
     from supervisor.importing import add_parser as add_import_parser
 
     add_import_parser(sub)
     _packaging_parsers(p, sub)
     return p
+
+
+def _training_parsers(sub: Any) -> None:
+    """`demo` and `drill`: the simulated deployment, its ports and its directory (supervisor/training/)."""
+    from supervisor.training.scenarios import drill_lines
+
+    keep = "keep the state, incident journal, forensics and logs, and print where they are"
+    demo = sub.add_parser("demo", help="supervise a simulated 8-GPU SGLang server")
+    demo.add_argument("--scenario", help="a simulator fault scenario (e.g. overlap_tp_desync_hang)")
+    demo.add_argument("--print-config", action="store_true", help="print the config it would run and exit")
+    demo.add_argument("--port", type=int, help="status port (default 9400, or a free one if it is busy)")
+    demo.add_argument(
+        "--sglang-port", type=int, help="simulated SGLang's port (default 30000, or a free one)"
+    )
+    demo.add_argument("--keep", action="store_true", help=keep)
+    drill = sub.add_parser(
+        "drill",
+        help="on-call training: inject a fault into a simulated server and narrate",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="scenarios (name — the fault → what the supervisor is expected to do):\n  "
+        + "\n  ".join(drill_lines()),
+    )
+    drill.add_argument("scenario", nargs="?", help="the scenario to drill (--list shows them)")
+    drill.add_argument("--list", action="store_true", help="print one line per scenario and exit")
+    drill.add_argument("--timeout", type=float, default=180.0, help="give up after this many seconds")
+    drill.add_argument("--port", type=int, help="status port (default: a free one)")
+    drill.add_argument("--sglang-port", type=int, help="simulated SGLang's port (default: a free one)")
+    drill.add_argument("--keep", action="store_true", help=keep)
+    drill.add_argument(
+        "--lead-in", type=float, default=5.0, metavar="SECONDS", help="pause between serving and the fault"
+    )
 
 
 def _packaging_parsers(p: argparse.ArgumentParser, sub: Any) -> None:
@@ -91,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd in ("restart", "pause", "resume"):
         return cmd_control(args.cmd, args.url, args.server, args.reason, args.token_file)
     if args.cmd == "drill":
-        from supervisor.training.drill import run_drill
-
-        return run_drill(args.scenario, args.timeout)
+        return cmd_drill(args)
     if args.cmd == "install-unit":
         from supervisor.install import install_unit
 
@@ -102,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         from supervisor.install import copy_files
 
         return copy_files(args.kind, args.dir, force=args.force)
-    return cmd_demo(args.scenario, args.print_config, args.port)
+    return cmd_demo(args.scenario, args.print_config, args.port, args.sglang_port, args.keep)
 
 
 def _invalid(path: Path, errors: str) -> int:
@@ -275,16 +296,26 @@ def cmd_control(action: str, url: str, server: str | None, reason: str, token_fi
         return 2
 
 
-def cmd_demo(scenario: str | None, print_config: bool, port: int) -> int:
+def cmd_demo(
+    scenario: str | None,
+    print_config: bool,
+    port: int | None,
+    sglang_port: int | None = None,
+    keep: bool = False,
+) -> int:
     """Write a simulator config in a temp dir and run the daemon on it; Ctrl-C stops everything."""
     from supervisor.config import load_config
     from supervisor.daemon import Daemon
     from supervisor.reporting.logsetup import configure
-    from supervisor.training.demo import demo_config, free_port
+    from supervisor.training.demo import PortBusy, demo_config, pick_sglang_port, pick_status_port, workdir
 
-    with tempfile.TemporaryDirectory(prefix="sglsup-demo-") as tmp:
-        root = Path(tmp)
-        text = demo_config(root, scenario, free_port(port), free_port(30000))
+    try:
+        ports = pick_status_port(port), pick_sglang_port(sglang_port)
+    except PortBusy as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
+    with workdir("sglsup-demo-", keep and not print_config) as root:
+        text = demo_config(root, scenario, *ports)
         if print_config:
             print(text)
             return 0
@@ -298,9 +329,31 @@ def cmd_demo(scenario: str | None, print_config: bool, port: int) -> int:
             f"sglang-supervisor demo: status at {daemon.status.url}/status  (Ctrl-C stops everything)",
             flush=True,
         )
-        print(f"  sglang-supervisor status --url {daemon.status.url}", flush=True)
+        print(f"  sglang-supervisor status --watch --url {daemon.status.url}", flush=True)
+        print(f"  simulated SGLang: http://127.0.0.1:{ports[1]}", flush=True)
         print(f"  control token: {root / 'control.token'}", flush=True)
+        if keep:
+            print(f"  kept after exit: {root} (state/, log/, demo.toml)", flush=True)
         return asyncio.run(daemon.run())
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    """`drill --list`, or one drill (supervisor/training/drill.py)."""
+    from supervisor.training.scenarios import drill_lines
+
+    if args.list or args.scenario is None:
+        print("\n".join(drill_lines()), file=sys.stdout if args.list else sys.stderr)
+        return 0 if args.list else 2
+    from supervisor.training.drill import run_drill
+
+    return run_drill(
+        args.scenario,
+        args.timeout,
+        port=args.port,
+        sglang_port=args.sglang_port,
+        keep=args.keep,
+        lead_in_s=args.lead_in,
+    )
 
 
 if __name__ == "__main__":

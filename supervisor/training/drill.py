@@ -1,10 +1,12 @@
 """`sglang-supervisor drill SCENARIO`: on-call training — a fault injected live into a simulated server, narrated.
 
 The drill builds the demo deployment (`supervisor.training.demo.demo_config`, 2 simulated GPUs) in a temporary directory,
-runs the daemon in this process, waits until the server serves, arms the fault through the simulator's
+runs the daemon in this process, prints the status URL and the `status --watch` command to follow it, waits until
+the server serves and then `lead_in_s` more (time to open that pane), arms the fault through the simulator's
 `POST /sim/fault`, drives the traffic its trigger needs, and tells what the supervisor sees and does: each state
 transition with its reason, the incident (fault, evidence, action, rung, flags, forensics bundle), the time to detect
-and the time back to serving. Everything it started is stopped before it returns.
+and the time back to serving. Everything it started is stopped before it returns; its directory (state, incident
+journal, forensics, logs) is removed too unless `keep`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,26 +30,42 @@ from supervisor.daemon import Daemon
 from supervisor.host import proctree
 from supervisor.records.incident import Incident
 from supervisor.records.journal import IncidentJournal
-from supervisor.training.demo import DEMO_MODEL
+from supervisor.training.demo import DEMO_MODEL, PortBusy, pick_sglang_port, pick_status_port, workdir
 from supervisor.training.scenarios import DRILLS, NOT_DRILLS, TP, Drill, drill_config
 
 TIMEOUT = aiohttp.ClientTimeout(total=30)
+LEAD_IN_S = 5.0
 
 
-def run_drill(scenario: str, timeout_s: float = 180.0, out: TextIO = sys.stdout) -> int:
+def run_drill(
+    scenario: str,
+    timeout_s: float = 180.0,
+    out: TextIO = sys.stdout,
+    *,
+    port: int | None = None,
+    sglang_port: int | None = None,
+    keep: bool = False,
+    lead_in_s: float = LEAD_IN_S,
+) -> int:
     """Run one drill; 0 when the supervisor recovered (or raised the alert of an alert-only fault), 1 on
-    timeout or when it gave up, 2 for a scenario that is not a drill."""
+    timeout or when it gave up, 2 for a scenario that is not a drill or a port asked for that is taken.
+
+    `port` is the status endpoint's port and `sglang_port` the simulated SGLang's (any free ones when None);
+    `keep` keeps the drill's directory and says where it is; `lead_in_s` is the pause between serving and
+    the fault."""
     drill = DRILLS.get(scenario)
     if drill is None:
         why = NOT_DRILLS.get(scenario, "unknown scenario").replace("NAME", scenario)
         print(f"{scenario!r} is not a drill: {why}.", file=out)
-        print(f"valid drills: {', '.join(sorted(DRILLS))}", file=out)
+        print(f"valid drills: {', '.join(sorted(DRILLS))} (sglang-supervisor drill --list)", file=out)
+        return 2
+    try:
+        ports = pick_status_port(port, 0), pick_sglang_port(sglang_port, None)
+    except PortBusy as exc:
+        print(f"drill: {exc}", file=out)
         return 2
     previous = structlog.get_config()
-    with (
-        tempfile.TemporaryDirectory(prefix="sglsup-drill-") as tmp,
-        open(Path(tmp) / "daemon.log", "a") as log,
-    ):
+    with workdir("sglsup-drill-", keep) as root, open(root / "daemon.log", "a") as log:
         structlog.configure(
             processors=[
                 structlog.processors.add_log_level,
@@ -58,10 +75,15 @@ def run_drill(scenario: str, timeout_s: float = 180.0, out: TextIO = sys.stdout)
             logger_factory=structlog.PrintLoggerFactory(file=log),
             cache_logger_on_first_use=False,
         )
+        say = Narrator(out)
         try:
-            return asyncio.run(_main(scenario, drill, Path(tmp), timeout_s, Narrator(out)))
+            return asyncio.run(_main(scenario, drill, root, ports, timeout_s, lead_in_s, keep, say))
         finally:
             structlog.configure(**previous)
+            if keep:
+                say.say(
+                    f"kept: {root} (state/ with state.json, incidents.jsonl, forensics/; log/; daemon.log)"
+                )
 
 
 class Narrator:
@@ -77,8 +99,17 @@ class Narrator:
         print(prefix + text, file=self.out, flush=True)
 
 
-async def _main(scenario: str, drill: Drill, root: Path, timeout_s: float, say: Narrator) -> int:
-    config = drill_config(root, drill)
+async def _main(
+    scenario: str,
+    drill: Drill,
+    root: Path,
+    ports: tuple[int, int],
+    timeout_s: float,
+    lead_in_s: float,
+    keep: bool,
+    say: Narrator,
+) -> int:
+    config = drill_config(root, drill, *ports)
     daemon = Daemon(config)
     name = daemon.loops[0].name
     _hook_transitions(daemon, say)
@@ -86,7 +117,8 @@ async def _main(scenario: str, drill: Drill, root: Path, timeout_s: float, say: 
     say.say(f"drill {scenario}: {CATALOG[scenario][1]}")
     say.say(f"expected: {drill.expect}", indent=True)
     say.say(f"deployment: server {name}, simulated {DEMO_MODEL} on TP {TP}, in {root}", indent=True)
-    say.say(f"follow along: curl -s {daemon.status.url}/status | jq", indent=True)
+    say.say(f"status: {daemon.status.url}/status", indent=True)
+    say.say(f"follow along: sglang-supervisor status --watch --url {daemon.status.url}", indent=True)
     say.say(f"incident journal: {Path(config.supervisor.state_dir) / 'incidents.jsonl'}", indent=True)
     say.say(f"control token: {config.supervisor.http.token_file}", indent=True)
     say.say(f"daemon log (what journalctl would show): {root / 'daemon.log'}", indent=True)
@@ -94,7 +126,7 @@ async def _main(scenario: str, drill: Drill, root: Path, timeout_s: float, say: 
     code = 1
     try:
         async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
-            script = asyncio.create_task(_script(scenario, drill, daemon, sim_url, http, say))
+            script = asyncio.create_task(_script(scenario, drill, daemon, sim_url, http, say, lead_in_s))
             done, _ = await asyncio.wait(
                 {script, daemon_task}, timeout=timeout_s, return_when="FIRST_COMPLETED"
             )
@@ -115,6 +147,8 @@ async def _main(scenario: str, drill: Drill, root: Path, timeout_s: float, say: 
             await asyncio.wait_for(daemon_task, timeout=120)
         await asyncio.to_thread(_reap_leftovers, name, say)
     say.say("drill PASSED" if code == 0 else "drill FAILED")
+    if not keep:
+        say.say(f"{root} is removed now (--keep keeps it)")
     return code
 
 
@@ -134,11 +168,20 @@ def _hook_transitions(daemon: Daemon, say: Narrator) -> None:
 
 
 async def _script(
-    scenario: str, drill: Drill, daemon: Daemon, sim_url: str, http: aiohttp.ClientSession, say: Narrator
+    scenario: str,
+    drill: Drill,
+    daemon: Daemon,
+    sim_url: str,
+    http: aiohttp.ClientSession,
+    say: Narrator,
+    lead_in_s: float,
 ) -> int:
     name = daemon.loops[0].name
     status_url = f"{daemon.status.url}/status"
     await _until(lambda s: s.get("state") == "serving", http, status_url, name)
+    if lead_in_s > 0:
+        say.say(f"serving; the fault comes in {lead_in_s:g} s (--lead-in): watch it on {daemon.status.url}")
+        await asyncio.sleep(lead_in_s)
     injected = time.time()
     async with http.post(f"{sim_url}/sim/fault", json={"name": scenario, **drill.trigger}) as resp:
         armed = (await _json(resp)).get("armed") if resp.status == 200 else None
@@ -301,7 +344,7 @@ def _summary(
         f"state now: {server.get('state')}   rung: {fallback.get('rung', 0)}   flags: {flags}", indent=True
     )
     if last.forensics_path:
-        say.say(f"forensics: {last.forensics_path} (removed with the drill's directory)", indent=True)
+        say.say(f"forensics: {last.forensics_path}", indent=True)
     if last.action == "alert":
         say.say("alert only: the server keeps serving (degraded); nothing was restarted", indent=True)
         return 0

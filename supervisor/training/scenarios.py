@@ -8,10 +8,13 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from supervisor.config import Config, parse_config
-from supervisor.training.demo import demo_config, free_port
+from simulator.faults import CATALOG
+from supervisor.training.demo import demo_config
+
+if TYPE_CHECKING:  # the config models load pydantic: not for `drill --list` or `--help`
+    from supervisor.config import Config
 
 TP = 2
 STALL_AFTER_S = 10.0  # the drill's `stall_after_s` (production default: 20 s)
@@ -61,10 +64,12 @@ NOT_DRILLS = {
 }
 
 
-def drill_config(root: Path, drill: Drill) -> Config:
-    """The demo deployment on TP=2 with a unique server name, fast backoff and the drill's probe settings."""
-    sglang_port = _port_pair()
-    data = tomllib.loads(demo_config(root, None, free_port(0), sglang_port))
+def drill_config(root: Path, drill: Drill, http_port: int, sglang_port: int) -> Config:
+    """The demo deployment on TP=2 with a unique server name, fast backoff and the drill's probe settings;
+    its status endpoint on `http_port`, the simulated SGLang on `sglang_port`."""
+    from supervisor.config import parse_config
+
+    data = tomllib.loads(demo_config(root, None, http_port, sglang_port))
     server = data["servers"][0]
     server["name"] = f"drill-{uuid.uuid4().hex[:6]}"  # never reaps another deployment's processes
     args = server["args"]
@@ -81,10 +86,9 @@ def drill_config(root: Path, drill: Drill) -> Config:
     return parse_config(data, root, {})
 
 
-def _port_pair() -> int:
-    """A free port P whose P+2 is free too (the simulator's rank-0 rpc port)."""
-    for _ in range(50):
-        port = free_port(0)
-        if port + 2 < 65536 and free_port(port + 2) == port + 2:
-            return port
-    raise OSError("no free port pair on 127.0.0.1")
+def drill_lines() -> list[str]:
+    """One line per drill: its name, the fault it injects and what the supervisor is expected to do."""
+    width = max(len(name) for name in DRILLS)
+    return [
+        f"{name:<{width}} — {CATALOG[name][1]} → {drill.expect}" for name, drill in sorted(DRILLS.items())
+    ]
