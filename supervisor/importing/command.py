@@ -81,7 +81,8 @@ def _validate(text: str, output: Path | None, plans: list[ServerPlan]) -> list[t
 
 
 def _write(path: Path, text: str, private: bool) -> None:
-    """Write the config; readable by its owner only when it holds secret-looking values."""
+    """Write the config (its directory made if missing); readable by its owner only when it holds secrets."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.import")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:

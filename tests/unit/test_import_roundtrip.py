@@ -169,7 +169,8 @@ def test_command_line_after_double_dash(tmp_path: Path) -> None:
 
 
 def test_output_file_is_not_overwritten_without_force(tmp_path: Path) -> None:
-    """`-o FILE` refuses an existing file (exit 1, untouched) unless `--force`; a config with secrets is 0600."""
+    """`-o FILE` refuses an existing file (exit 1, untouched) unless `--force`; a config with secrets is 0600;
+    a missing directory is made."""
     target = tmp_path / "config.toml"
     target.write_text("mine\n")
     err = io.StringIO()
@@ -179,3 +180,6 @@ def test_output_file_is_not_overwritten_without_force(tmp_path: Path) -> None:
     assert run_import(unit, None, target, force=True, out=io.StringIO(), err=io.StringIO()) == 0
     assert "sglang.launch_server" in target.read_text()
     assert target.stat().st_mode & 0o077 == 0, "it holds an API key"
+    fresh = tmp_path / "etc" / "sglang-supervisor" / "config.toml"
+    assert run_import([UNITS / "kimi-k25-eagle3.service"], None, fresh, out=io.StringIO(), err=err) == 0
+    assert fresh.stat().st_mode & 0o777 == 0o644, "no secret: readable like any config"
