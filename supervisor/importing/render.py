@@ -136,8 +136,8 @@ def render_summary(plans: Sequence[ServerPlan], written_to: str | None) -> str:
     for plan in plans:
         out += ["", f"server {plan.name} ({plan.role.value}) from {plan.source}"]
         out += [f"  - {line}" for line in plan.inferred]
-        out.append(f"  - args: {' '.join(argv.redact(plan.args))}")
-        out.append(f"  - env: {env_summary(plan.env)}")
+        out.append(f"  - args now: {' '.join(argv.redact(plan.args))}")
+        out.append(f"  - env now: {env_summary(plan.env)}")
         out += [f"  - dropped {line}" for line in plan.removed]
         if plan.check:
             out.append("  check:")
