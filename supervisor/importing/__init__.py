@@ -1,8 +1,8 @@
 """`sglang-supervisor import`: from the unit file or command line that starts SGLang today to a config.
 
 `words` and `unitfile` read systemd's syntax, `source` gives the argv and environment a unit (or a command line)
-starts a server with, `infer` and `deployment` turn them into servers, `render` writes the TOML and the summary,
-`command` is the CLI.
+starts a server with (`shell` unwraps a `bash -c` wrapper), `infer` and `deployment` turn them into servers,
+`render` writes the TOML and the summary, `command` is the CLI.
 """
 
 from __future__ import annotations

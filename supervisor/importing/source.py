@@ -5,7 +5,8 @@
 `EnvironmentFile=` in order on top of them (a file's settings override `Environment=`; `-/path` may be missing;
 a glob reads every match in order), then the one `ExecStart=` command with its prefixes, its `%` specifiers and
 its variables expanded from that environment. `from_command` takes a command line the shell already split;
-leading `NAME=value` words (or `env NAME=value …`) are its environment.
+leading `NAME=value` words (or `env NAME=value …`) are its environment. Either may be a shell wrapper
+(`bash -c 'source …/activate && exec python -m …'`), unwrapped by `supervisor.importing.shell`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from supervisor.importing.shell import ShellScriptRefused, is_wrapper, unwrap
 from supervisor.importing.unitfile import Setting, parse_env_file, parse_unit
 from supervisor.importing.words import (
     ExecCommand,
@@ -154,9 +156,27 @@ def _command(service: list[Setting], unit: str, env: dict[str, str], source: Sou
     if "@" in cmd.prefixes:
         source.read.append(f"ExecStart=@: argv[0] {argv[0]!r} not kept (the supervisor passes the program)")
     source.check += [_PREFIX_NOTES[p] for p in dict.fromkeys(cmd.prefixes) if p in _PREFIX_NOTES]
-    source.argv = [_systemd_program(program, source), *words[1:]]
+    source.argv = [program, *words[1:]]
     source.env = env
     source.check += warnings
+    _unwrap_shell(source)
+    source.argv[0] = _systemd_program(source.argv[0], source)
+
+
+def _unwrap_shell(source: Source) -> None:
+    """`bash -c 'source venv/bin/activate && exec python -m …'` → the command the script runs."""
+    if not is_wrapper(source.argv):
+        return
+    try:
+        found = unwrap(source.argv, source.env)
+    except ShellScriptRefused as exc:
+        raise ImportProblem(
+            f"{source.label}: {source.argv[0]} {source.argv[1]}: {exc}; give the SGLang command after `--` instead"
+        ) from exc
+    source.argv = found.argv
+    source.env.update(found.env)
+    source.read += found.notes
+    source.check += found.check
 
 
 def _systemd_program(program: str, source: Source) -> str:
@@ -186,7 +206,8 @@ def from_command(words: list[str]) -> Source:
     if not rest:
         raise ImportProblem("no command after the NAME=value assignments")
     source = Source("the command line", "", rest, env)
-    program = rest[0]
+    _unwrap_shell(source)
+    program = source.argv[0]
     if "/" not in program:
         found = shutil.which(program)
         if found:

@@ -153,3 +153,27 @@ def test_command_line_takes_leading_assignments_as_env() -> None:
     source = from_command(["env", "CUDA_VISIBLE_DEVICES=0,1", "X=a b", "/opt/py", "-m", "m", "--tp", "2"])
     assert source.env == {"CUDA_VISIBLE_DEVICES": "0,1", "X": "a b"}
     assert source.argv == ["/opt/py", "-m", "m", "--tp", "2"]
+
+
+def test_a_shell_wrapper_that_activates_a_venv_is_unwrapped(tmp_path: Path) -> None:
+    """`bash -c "source VENV/bin/activate && cd D && exec python3 -m …"`: the venv's python runs the command,
+    `$MODEL` comes from the unit's environment, a single-quoted JSON stays one argument, the `cd` is a check."""
+    unit = tmp_path / "s.service"
+    unit.write_text(
+        "[Service]\nEnvironment=MODEL=/models/Qwen3-8B\n"
+        'ExecStart=/bin/bash -c "source /opt/sglang/venv/bin/activate && cd /srv && X=1 exec python3 '
+        '-m sglang.launch_server --model-path $MODEL --tp 2 --json-model-override-args \'{\\"a\\": 1}\'"\n'
+    )
+    source = from_unit(unit)
+    assert source.argv == [
+        "/opt/sglang/venv/bin/python3", "-m", "sglang.launch_server", "--model-path", "/models/Qwen3-8B",
+        "--tp", "2", "--json-model-override-args", '{"a": 1}',
+    ]  # fmt: skip
+    assert source.env == {"MODEL": "/models/Qwen3-8B", "X": "1"}
+    assert any("cd /srv" in line for line in source.check)
+
+
+def test_a_shell_script_that_does_more_is_refused() -> None:
+    """A pipe (or any other shell feature) in the wrapper: refused, pointing to `import -- COMMAND`."""
+    with pytest.raises(ImportProblem, match="give the SGLang command after `--`"):
+        from_command(["bash", "-c", "python3 -m sglang.launch_server --model-path m | tee /var/log/x"])
