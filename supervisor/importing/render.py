@@ -114,7 +114,7 @@ def render_config(plans: Sequence[ServerPlan]) -> str:
         'gpu_backend = "nvml"',
         "",
         "[supervisor.http]",
-        _line('host = "127.0.0.1"', "/status, /metrics, /ready: loopback; elsewhere needs token_file"),
+        _line('host = "127.0.0.1"', "/status, /metrics, /incidents: loopback; elsewhere needs token_file"),
         "port = 9400",
         _line('token_file = ""', "a file holding the bearer token of POST /control/*; empty = control off"),
     ]
