@@ -31,6 +31,8 @@ def server_marker(name: str, state_dir: str | Path) -> str:
     """The value of `SGLSUP_SERVER` for a server: its name and its deployment (the resolved state dir), so two
     daemons on one host (or a test and a benchmark) never take each other's servers of the same name."""
     return f"{name}@{hashlib.sha1(str(Path(state_dir).resolve()).encode()).hexdigest()[:10]}"
+
+
 _PROC = Path("/proc")
 _ENVIRON_LIMIT = 4 * 1024 * 1024
 _TITLE_LIMIT = 4096
@@ -325,6 +327,13 @@ def poll_tree(
     """Take a snapshot and say what changed; the daemon calls this every ≤ 0.5 s."""
     current = snapshot(main_pid, run_id, expected_titles, previous)
     return current, changes(previous, current)
+
+
+def start_ticks(pid: int) -> int | None:
+    """A live process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22): with the boot id,
+    what tells this process from a later one given the same PID. None if the PID is gone or a zombie."""
+    stat = _stat(pid)
+    return None if stat is None or stat[0] in ("Z", "X") else stat[2]
 
 
 def _stat(pid: int) -> tuple[str, float, int] | None:
