@@ -1,12 +1,14 @@
-"""Launch one server in its own session, with its output in a rotating log file and a bounded ring.
+"""Launch one server in its own session with its output in a log file the daemon follows, or attach to one running.
 
-The child gets ``CUDA_VISIBLE_DEVICES`` for its GPUs and the run marker (``SGLSUP_RUN_ID``,
-``SGLSUP_SERVER``) that ``proctree`` and ``reaper`` use to find everything of this run later.
-stdout and stderr are merged into one pipe; a reader thread splits it into lines (each at most 16 KiB),
-appends them to the log file (size-based rotation, N kept) and to a ``deque(maxlen=ring_lines)``, so a
-log flood costs disk up to ``rotate_bytes * (rotate_keep + 1)`` and a fixed amount of memory. Whole lines are
-handled in bulk (tens of MB/s, so the server never blocks on its stdout), and the catalogued lines a flood
-pushes out of the ring before the monitor reads it are kept aside (``lognotice``).
+The child gets ``CUDA_VISIBLE_DEVICES`` for its GPUs and the run marker (``SGLSUP_RUN_ID``, ``SGLSUP_SERVER``) that
+``proctree`` and ``reaper`` use to find everything of this run later. Its stdout and stderr are the log file
+itself, opened ``O_WRONLY|O_APPEND|O_CREAT``: no pipe to the daemon, so the tree's output never depends on the
+daemon being alive (a pipe whose reader died loses lines with EPIPE, or freezes the server once a non-reading
+holder's 64 KiB fill up). A reader thread in the daemon follows the file (``runlog.LogTail``: lines of at most
+16 KiB in a ``deque(maxlen=ring_lines)``, the catalogued lines a flood pushes out kept aside, size-bounded
+rotation, so a log flood costs at most about ``rotate_bytes * (rotate_keep + 1)`` of disk and a fixed amount of
+memory). ``log_offset`` is where a successor starts: ``attach`` follows a server this daemon did not start (an
+earlier daemon did) from that offset, and watches its exit through a pidfd.
 
 ``SPT_NOENV=1`` is set too: without it ``setproctitle`` (which SGLang uses to title its ranks) reuses the
 environment block for the title, and ``/proc/<pid>/environ`` of every rank loses the run marker.
@@ -19,87 +21,79 @@ import select
 import subprocess
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
-from supervisor.host.lognotice import NotableLines
+from supervisor.host import proctree
 from supervisor.host.proctree import RUN_MARKER, SERVER_MARKER
+from supervisor.host.runlog import LINE_LIMIT, TRUNCATED, LogTail
+
+__all__ = ["EXIT_UNKNOWN", "LINE_LIMIT", "TRUNCATED", "Launched", "MiB", "SpawnFailed", "attach", "spawn"]
 
 MiB = 1024 * 1024
-LINE_LIMIT = 16 * 1024
-TRUNCATED = " …[truncated]"
-_READ_CHUNK = 1024 * 1024
+# The returncode of an attached process that has exited but was not our child: its exit status went to its
+# parent and is lost to us. 256 is no status a process can have (exit codes are 0-255, signals negative), so it
+# is never mistaken for a real one; 255 would be (``exit(-1)``).
+EXIT_UNKNOWN = 256
 
 
 @dataclass(frozen=True)
 class SpawnFailed:
-    """The process could not be started (missing executable, unwritable log, empty argv)."""
+    """The process could not be started or attached (missing executable, unusable log, process gone)."""
 
     reason: str
     ok: bool = False
 
 
-class _RotatingLog:
-    """Append-only file that rotates to ``.1`` … ``.keep`` once it would exceed ``max_bytes``."""
+class _Child:
+    """The exit of a process this daemon started: ``Popen`` reaps it and knows its status."""
 
-    def __init__(self, path: Path, max_bytes: int, keep: int) -> None:
-        self.path = path
-        self.max_bytes = max_bytes
-        self.keep = keep
-        self.error: str | None = None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: IO[bytes] | None = open(path, "ab")  # noqa: SIM115 - lives as long as the process
-        self._size = path.stat().st_size
+    exit_known = True
 
-    def write(self, data: bytes) -> None:
-        if self._fh is None:
-            return
-        try:
-            if self._size and self._size + len(data) > self.max_bytes:
-                self._rotate()
-            self._fh.write(data)
-            self._size += len(data)
-        except OSError as exc:
-            self._fail(exc)
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
 
-    def flush(self) -> None:
-        if self._fh is None:
-            return
-        try:
-            self._fh.flush()
-        except OSError as exc:
-            self._fail(exc)
+    def poll(self) -> int | None:
+        return self._proc.poll()
 
-    def close(self) -> None:
-        if self._fh is not None:
-            self.flush()
-            if self._fh is not None:
-                self._fh.close()
-            self._fh = None
 
-    def _rotate(self) -> None:
-        assert self._fh is not None
-        self._fh.close()
-        for i in range(self.keep - 1, 0, -1):
-            older = self.path.with_name(f"{self.path.name}.{i}")
-            if older.exists():
-                os.replace(older, self.path.with_name(f"{self.path.name}.{i + 1}"))
-        if self.keep > 0:
-            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        self._fh = open(self.path, "wb")  # noqa: SIM115 - replaces the handle closed above
-        self._size = 0
+class _Found:
+    """The exit of a process found running, through a pidfd (immune to PID reuse). If it is our child (the daemon
+    re-executed itself in place) ``waitid`` reaps it and gives its status; otherwise only its end is seen, and
+    its status is ``EXIT_UNKNOWN``."""
 
-    def _fail(self, exc: OSError) -> None:
-        self.error = f"log {self.path} disabled: {exc}"
-        fh, self._fh = self._fh, None
-        if fh is not None:
-            try:
-                fh.close()
-            except OSError:
-                return
+    def __init__(self, pidfd: int) -> None:
+        self._pidfd: int | None = pidfd
+        self._code: int | None = None
+        self._lock = threading.Lock()
+        self.exit_known = True
+        self.poll()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self._pidfd is None:
+                return self._code
+            if self.exit_known:
+                try:
+                    done = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
+                except ChildProcessError:
+                    self.exit_known = False
+                else:
+                    if done is not None:
+                        code = done.si_status
+                        self._end(code if done.si_code == os.CLD_EXITED else -code)
+                    return self._code
+            watch = select.poll()
+            watch.register(self._pidfd, select.POLLIN)
+            if watch.poll(0):
+                self._end(EXIT_UNKNOWN)
+            return self._code
+
+    def _end(self, code: int) -> None:
+        assert self._pidfd is not None
+        os.close(self._pidfd)
+        self._pidfd, self._code = None, code
 
 
 class Launched:
@@ -108,137 +102,77 @@ class Launched:
     ok = True
     reason = "started"
 
-    def __init__(self, proc: subprocess.Popen[bytes], log: _RotatingLog, ring_lines: int) -> None:
-        self.pid = proc.pid
-        try:
-            self.pgid = os.getpgid(proc.pid)
-        except OSError:
-            self.pgid = proc.pid
-        self.started_at = time.monotonic()
-        self.log_path = log.path
-        self._proc = proc
-        self._log = log
-        self._ring: deque[bytes] = deque(maxlen=ring_lines)
-        self._notable = NotableLines()
-        self._count = 0
-        self._lock = threading.Lock()
-        self._ended = threading.Event()
-        # close() wakes the reader through this pipe: it sleeps in select until output or the wake comes
-        self._wake_r, wake_w = os.pipe()
-        self._wake_w: int | None = wake_w
-        self._wake_lock = threading.Lock()
-        self._pending = bytearray()
-        self._discarding = False
-        self._thread = threading.Thread(target=self._pump, name=f"log-{proc.pid}", daemon=True)
-        self._thread.start()
+    def __init__(
+        self,
+        pid: int,
+        pgid: int,
+        status: _Child | _Found,
+        log_fd: int,
+        log_path: Path,
+        offset: int,
+        ring_lines: int,
+        rotate_bytes: int,
+        rotate_keep: int,
+    ) -> None:
+        self.pid = pid
+        self.pgid = pgid
+        self.started_at = time.monotonic()  # for an attached process: when it was attached
+        self.log_path = log_path
+        self._status = status
+        self._log = LogTail(log_fd, log_path, offset, ring_lines, rotate_bytes, rotate_keep, self._exited)
 
     def tail(self, n: int) -> list[str]:
         """The last ``n`` captured lines (fewer if the ring holds fewer)."""
-        with self._lock:
-            raw = list(self._ring)[-n:] if n > 0 else []
-        return [_text(line) for line in raw]
+        return self._log.tail(n)
 
     def lines_since(self, cursor: int) -> tuple[list[str], int]:
         """Lines captured after ``cursor`` (start with 0): those still in the ring, preceded by the catalogued
         lines (errors, warnings, startup progress) of any stretch that a flood pushed out of it; and the next
         cursor."""
-        with self._lock:
-            first = self._count - len(self._ring)
-            start = max(cursor, first) - first
-            raw = self._notable.between(cursor, first) + list(self._ring)[start:]
-            count = self._count
-        return [_text(line) for line in raw], count
+        return self._log.lines_since(cursor)
 
     @property
     def unscanned_lines(self) -> int:
         """Lines of floods of unique lines too fast to classify (they are still in the log file)."""
-        return self._notable.unscanned_lines
+        return self._log.unscanned_lines
+
+    @property
+    def exit_known(self) -> bool:
+        """False for an attached process that is not our child: its exit is seen, its status is not."""
+        return self._status.exit_known
+
+    @property
+    def log_error(self) -> str | None:
+        """Why rotating or reading the log file failed, if it did (the lines read so far stay available)."""
+        return self._log.error
 
     def returncode(self) -> int | None:
-        """Exit status (negative = killed by that signal), or None while it runs. Reaps the process."""
-        return self._proc.poll()
+        """Exit status (negative = killed by that signal), or None while it runs; ``EXIT_UNKNOWN`` once an
+        attached process that was not our child has exited. Reaps the process when it is our child."""
+        return self._status.poll()
+
+    def log_offset(self) -> int:
+        """The byte offset in the log file just after the last whole line captured: where ``attach`` resumes.
+        Read after ``close`` it is exact (no line lost or repeated). A rotation moves it back (the head of the
+        file is cut off), so a value saved before a rotation points too far: save it again after reading."""
+        return self._log.offset()
 
     def output_ended(self) -> bool:
-        """Every process of the tree closed the output (end of file): no line is still on its way."""
-        return self._ended.is_set()
+        """The main process has exited and the log file has been read to its end since: every line it wrote is
+        captured (a process of the tree that outlives it may still add some). Asking wakes the reader, so the
+        answer turns True within a moment of the exit."""
+        if self._log.ended():
+            return True
+        self._log.wake()
+        return False
 
     def close(self, timeout_s: float = 2.0) -> bool:
-        """Stop reading output and close the log; True if the reader thread ended within the timeout."""
-        with self._wake_lock:
-            if self._wake_w is not None:
-                os.write(self._wake_w, b"\0")
-        self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+        """Read what the log file holds now, then stop following it; True if the reader thread ended within the
+        timeout. The server is not touched: its output keeps going to the file."""
+        return self._log.close(timeout_s)
 
-    def _pump(self) -> None:
-        stream = self._proc.stdout
-        assert stream is not None
-        fd = stream.fileno()
-        try:
-            while True:
-                ready, _, _ = select.select([fd, self._wake_r], [], [])
-                if fd not in ready:
-                    break  # close() woke it with nothing left to read
-                chunk = os.read(fd, _READ_CHUNK)
-                if not chunk:
-                    break
-                self._feed(chunk)
-                self._log.flush()
-            if self._pending and not self._discarding:
-                self._emit(bytes(self._pending))
-        finally:
-            self._log.close()
-            stream.close()
-            with self._wake_lock:
-                assert self._wake_w is not None
-                os.close(self._wake_w)
-                self._wake_w = None
-            os.close(self._wake_r)
-            self._ended.set()
-
-    def _feed(self, chunk: bytes) -> None:
-        """Whole lines of a chunk in bulk (one write, one ring extend); over-long lines one by one."""
-        self._pending += chunk
-        end = self._pending.rfind(b"\n")
-        if end < 0:
-            self._overflow()
-            return
-        block = bytes(self._pending[: end + 1])
-        del self._pending[: end + 1]
-        lines = block[:-1].split(b"\n")
-        if self._discarding:  # the rest of an over-long line already emitted cut
-            self._discarding = False
-            block = block[len(lines[0]) + 1 :]
-            lines = lines[1:]
-        if lines and max(map(len, lines)) <= LINE_LIMIT:
-            self._log.write(block)
-            self._notable.scan(block, lines, self._count)
-            with self._lock:
-                self._ring.extend(lines)
-                self._count += len(lines)
-        else:
-            for line in lines:
-                self._emit(line)
-        self._overflow()
-
-    def _overflow(self) -> None:
-        if len(self._pending) > LINE_LIMIT:
-            if not self._discarding:
-                self._emit(bytes(self._pending))
-            self._discarding = True
-            self._pending.clear()
-
-    def _emit(self, raw: bytes | bytearray) -> None:
-        line = bytes(raw[:LINE_LIMIT]) + (TRUNCATED.encode() if len(raw) > LINE_LIMIT else b"")
-        self._log.write(line + b"\n")
-        self._notable.scan(line, [line], self._count)
-        with self._lock:
-            self._ring.append(line)
-            self._count += 1
-
-
-def _text(line: bytes) -> str:
-    return line.decode("utf-8", "replace").rstrip("\r")
+    def _exited(self) -> bool:
+        return self._status.poll() is not None
 
 
 def spawn(
@@ -263,21 +197,68 @@ def spawn(
         RUN_MARKER: run_id,
         SERVER_MARKER: server,
     }
+    path = Path(log_path)
     try:
-        log = _RotatingLog(Path(log_path), rotate_bytes, rotate_keep)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except OSError as exc:
         return SpawnFailed(f"cannot open log {log_path}: {exc}")
+    try:
+        log_fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        os.close(out)
+        return SpawnFailed(f"cannot read log {log_path}: {exc}")
+    offset = os.fstat(log_fd).st_size  # an earlier run's lines are not this one's
     try:
         proc = subprocess.Popen(
             list(argv),
             env=full_env,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stdout=out,
+            stderr=out,
             start_new_session=True,
             close_fds=True,
         )
     except OSError as exc:
-        log.close()
+        os.close(log_fd)
         return SpawnFailed(f"cannot start {argv[0]!r}: {exc}")
-    return Launched(proc, log, ring_lines)
+    finally:
+        os.close(out)
+    try:
+        pgid = os.getpgid(proc.pid)
+    except OSError:
+        pgid = proc.pid
+    return Launched(proc.pid, pgid, _Child(proc), log_fd, path, offset, ring_lines, rotate_bytes, rotate_keep)
+
+
+def attach(
+    pid: int,
+    pgid: int,
+    log_path: Path,
+    offset: int,
+    ring_lines: int = 2000,
+    rotate_bytes: int = 50 * MiB,
+    rotate_keep: int = 3,
+    start_ticks: int | None = None,
+) -> Launched | SpawnFailed:
+    """Follow a server running already (started by an earlier daemon): its log file from ``offset`` (a saved
+    ``log_offset``; from 0 if the file is shorter now), its exit through a pidfd. Given ``start_ticks`` (its
+    ``RunIdentity``), the PID is checked to still be that process once the pidfd holds it, so a reused PID is
+    never followed. Never raises: a process gone or a log unreadable is a ``SpawnFailed``."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return SpawnFailed(f"pid {pid} is gone")
+    except OSError as exc:
+        return SpawnFailed(f"cannot watch pid {pid}: {exc}")
+    ticks = proctree.start_ticks(pid)
+    if ticks is None or (start_ticks is not None and ticks != start_ticks):
+        os.close(pidfd)
+        return SpawnFailed(f"pid {pid} has exited" if ticks is None else f"pid {pid} is another process now")
+    path = Path(log_path)
+    try:
+        log_fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        os.close(pidfd)
+        return SpawnFailed(f"cannot read log {log_path}: {exc}")
+    return Launched(pid, pgid, _Found(pidfd), log_fd, path, offset, ring_lines, rotate_bytes, rotate_keep)

@@ -106,15 +106,19 @@ def test_close_returns_while_an_orphan_keeps_the_pipe_open(
     assert tree.launched.close(timeout_s=5)
 
 
-def test_output_ends_when_the_last_process_holding_it_exits(tmp_path: Path, janitor: Janitor) -> None:
-    """The main process gone is not the end of the output while a child still holds it; its exit is."""
+def test_output_ends_with_the_main_process_and_a_child_is_still_read(
+    tmp_path: Path, janitor: Janitor
+) -> None:
+    """Output ends once the main process exited and its last line was read; a child's later lines still come."""
+    go = tmp_path / "go"
+    child = f"import pathlib, time\nwhile not pathlib.Path({str(go)!r}).exists(): time.sleep(0.01)\nprint('child late')"
     script = (
-        "import subprocess, sys; "
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print('main exits', flush=True)"
+        f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {child!r}]); "
+        "[print('main line', i) for i in range(1000)]; print('main exits', flush=True); sys.exit(3)"
     )
     handle = _spawn(janitor, [sys.executable, "-c", script], tmp_path / "ends.log")
-    wait_for(lambda: handle.returncode() == 0, 10, "the main process exits")
-    assert not handle.output_ended(), "the child still holds the output"
-    os.killpg(handle.pgid, signal.SIGKILL)
-    wait_for(handle.output_ended, 10, "the output ends with the child")
-    assert handle.tail(5) == ["main exits"]
+    wait_for(handle.output_ended, 10, "the output of the main process ending")
+    assert handle.returncode() == 3
+    assert handle.tail(2) == ["main line 999", "main exits"]
+    go.touch()
+    wait_for(lambda: handle.tail(1) == ["child late"], 10, "the child's line after the main process ended")
