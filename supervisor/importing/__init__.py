@@ -20,7 +20,13 @@ def add_parser(sub: Any) -> None:
         description="import UNIT_FILE… (one server each; a PD prefill, decode and router together) or "
         "import -- COMMAND…: a commented config on stdout, what was inferred and what to check on stderr.",
     )
-    imp.add_argument("units", nargs="*", type=Path, metavar="UNIT_FILE")
+    imp.add_argument(
+        "units",
+        nargs="*",
+        type=Path,
+        metavar="UNIT_FILE",
+        help="a service unit (its drop-ins UNIT.d/*.conf too); - reads one, or pasted ExecStart= lines, from stdin",
+    )
     imp.add_argument("-o", "--output", type=Path, help="write the config to this file instead of stdout")
     imp.add_argument("--force", action="store_true", help="replace an existing --output file")
     imp.add_argument(

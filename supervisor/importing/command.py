@@ -30,8 +30,9 @@ def run_import(
     parsers: str = "add",
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
+    stdin: TextIO = sys.stdin,
 ) -> int:
-    """Import `units` (one server each) and `command` (one more) into one config."""
+    """Import `units` (one server each; `-` is read from `stdin`) and `command` (one more) into one config."""
     if not units and not command:
         print("import: give UNIT_FILE… or -- COMMAND…", file=err)
         return 2
@@ -39,7 +40,7 @@ def run_import(
         print(f"import: {output} exists; --force replaces it", file=err)
         return 1
     try:
-        sources: list[Source] = [from_unit(path) for path in units]
+        sources: list[Source] = [from_unit(path, stdin) for path in units]
         if command:
             sources.append(from_command(command))
     except ImportProblem as exc:

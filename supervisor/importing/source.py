@@ -14,8 +14,10 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from supervisor.importing.shell import ShellScriptRefused, is_wrapper, unwrap
 from supervisor.importing.unitfile import Setting, parse_env_file, parse_unit
@@ -61,20 +63,26 @@ class Source:
     check: list[str] = field(default_factory=list)  # what the operator must look at (summary)
 
 
-def from_unit(path: Path) -> Source:
-    """The server a service unit starts; ImportProblem when the unit cannot be read or starts no one command."""
+def from_unit(path: Path, stdin: TextIO = sys.stdin) -> Source:
+    """The server a service unit starts (`-`: the unit's text, or just its `ExecStart=` and `Environment=`
+    lines, on stdin); ImportProblem when it cannot be read or starts no one command."""
+    dropins: list[Path] = []
     try:
-        settings = parse_unit(path.read_text(encoding="utf-8"), path.name)
-        dropins = sorted((path.parent / f"{path.name}.d").glob("*.conf"))
+        if str(path) == "-":
+            settings = parse_unit(stdin.read(), "stdin")
+        else:
+            settings = parse_unit(path.read_text(encoding="utf-8"), path.name)
+            dropins = sorted((path.parent / f"{path.name}.d").glob("*.conf"))
         for dropin in dropins:
             settings += parse_unit(dropin.read_text(encoding="utf-8"), f"{dropin.parent.name}/{dropin.name}")
     except (OSError, UnicodeDecodeError) as exc:
         raise ImportProblem(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
-    unit = path.name if path.name.endswith(".service") else f"{path.name}.service"
-    source = Source(path.name, unit.rsplit(".", 1)[0], [], {})
+    label = "stdin" if str(path) == "-" else path.name
+    unit = label if label.endswith(".service") else f"{label}.service"
+    source = Source(label, "" if label == "stdin" else unit.rsplit(".", 1)[0], [], {})
     if dropins:
         source.read.append(f"drop-ins: {', '.join(d.name for d in dropins)}")
-    service = [s for s in settings if s.section == "Service"]
+    service = [s for s in settings if s.section in ("Service", "")]  # pasted lines have no [Service] header
     try:
         env = _environment(service, unit, source)
         _command(service, unit, env, source)

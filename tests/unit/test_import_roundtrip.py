@@ -183,3 +183,22 @@ def test_output_file_is_not_overwritten_without_force(tmp_path: Path) -> None:
     fresh = tmp_path / "etc" / "sglang-supervisor" / "config.toml"
     assert run_import([UNITS / "kimi-k25-eagle3.service"], None, fresh, out=io.StringIO(), err=err) == 0
     assert fresh.stat().st_mode & 0o777 == 0o644, "no secret: readable like any config"
+
+
+def test_pasted_exec_start_lines_on_stdin(tmp_path: Path) -> None:
+    """`import -` with just `Environment=` and `ExecStart=` lines pasted (no section header), continuation included."""
+    pasted = (
+        'Environment="CUDA_VISIBLE_DEVICES=4,5"\n'
+        "ExecStart=/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path Qwen/Qwen3-8B \\\n"
+        '    --tp 2 --served-model-name "qwen 8b" --tool-call-parser qwen --reasoning-parser qwen3\n'
+    )
+    out, err = io.StringIO(), io.StringIO()
+    assert run_import([Path("-")], None, None, out=out, err=err, stdin=io.StringIO(pasted)) == 0, (
+        err.getvalue()
+    )
+    (server,) = parse_config(tomllib.loads(out.getvalue()), tmp_path, {}).servers
+    assert list(server.args) == [
+        "--model-path", "Qwen/Qwen3-8B", "--tp", "2", "--served-model-name", "qwen 8b",
+        "--tool-call-parser", "qwen", "--reasoning-parser", "qwen3", "--enable-metrics",
+    ]  # fmt: skip
+    assert server.gpus == (4, 5) and server.name == "qwen3"
