@@ -18,7 +18,7 @@ NOT_SIMULATED = "--num-continuous-decode-steps 4 "
 
 
 def test_imported_kimi_unit_passes_check_config(tmp_path: Path) -> None:
-    """The issue's Kimi unit, pointed at the simulator: `import -o` exits 0 and `check-config` accepts the file."""
+    """The Kimi-K2.5 EAGLE-3 unit, pointed at the simulator: `import -o` exits 0 and `check-config` accepts the file."""
     text = (UNITS / "kimi-k25-eagle3.service").read_text()
     assert REAL in text and NOT_SIMULATED in text
     unit = tmp_path / "sglang-kimi.service"

@@ -33,7 +33,7 @@ def _import(
     return parse_config(tomllib.loads(out.getvalue()), tmp_path, {}), err.getvalue()
 
 
-def test_kimi_unit_of_the_issue(tmp_path: Path) -> None:
+def test_kimi_k25_eagle3_unit(tmp_path: Path) -> None:
     """The Kimi-K2.5 EAGLE-3 unit: its args as systemd passes them, then the family's parsers and metrics;
     GPUs from CUDA_VISIBLE_DEVICES (which leaves env), a 2400 s budget, the other Environment= values kept."""
     config, summary = _import(tmp_path, [UNITS / "kimi-k25-eagle3.service"])
