@@ -107,6 +107,7 @@ class Launched:
         pid: int,
         pgid: int,
         status: _Child | _Found,
+        exit_fd: int,
         log_fd: int,
         log_path: Path,
         offset: int,
@@ -119,7 +120,9 @@ class Launched:
         self.started_at = time.monotonic()  # for an attached process: when it was attached
         self.log_path = log_path
         self._status = status
-        self._log = LogTail(log_fd, log_path, offset, ring_lines, rotate_bytes, rotate_keep, self._exited)
+        self._log = LogTail(
+            log_fd, log_path, offset, ring_lines, rotate_bytes, rotate_keep, self._exited, exit_fd
+        )
 
     def tail(self, n: int) -> list[str]:
         """The last ``n`` captured lines (fewer if the ring holds fewer)."""
@@ -228,7 +231,10 @@ def spawn(
         pgid = os.getpgid(proc.pid)
     except OSError:
         pgid = proc.pid
-    return Launched(proc.pid, pgid, _Child(proc), log_fd, path, offset, ring_lines, rotate_bytes, rotate_keep)
+    exit_fd = os.pidfd_open(proc.pid)  # our child, not reaped yet: the PID is still its own
+    return Launched(
+        proc.pid, pgid, _Child(proc), exit_fd, log_fd, path, offset, ring_lines, rotate_bytes, rotate_keep
+    )
 
 
 def attach(
@@ -261,4 +267,7 @@ def attach(
     except OSError as exc:
         os.close(pidfd)
         return SpawnFailed(f"cannot read log {log_path}: {exc}")
-    return Launched(pid, pgid, _Found(pidfd), log_fd, path, offset, ring_lines, rotate_bytes, rotate_keep)
+    exit_fd = os.dup(pidfd)  # the reader's own: _Found closes its pidfd once it saw the exit
+    return Launched(
+        pid, pgid, _Found(pidfd), exit_fd, log_fd, path, offset, ring_lines, rotate_bytes, rotate_keep
+    )

@@ -3,7 +3,7 @@
 The server writes its stdout and stderr straight into the log file (the launcher opens it ``O_APPEND``), so its
 output never depends on the daemon: with no reader at all it still never blocks and loses nothing. A reader thread
 (``LogTail``) follows the file from a byte offset: it reads in bulk (at most 1 MiB at a time) while there is data
-and, when there is none, sleeps ``POLL_S`` on an event that ``close`` and ``wake`` interrupt at once. The bytes
+and, when there is none, sleeps ``POLL_S``, woken at once by ``close``, ``wake`` or the process's exit (a pidfd). The bytes
 become lines (each at most 16 KiB, cut with a marker), kept in a ``deque(maxlen=ring_lines)``; the catalogued lines
 a flood pushes out of the ring before the monitor reads it are kept aside (``lognotice``). ``offset`` is where the
 next reader starts: a daemon that persists it can hand the file over to its successor without losing or repeating
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import threading
 import time
 from collections import deque
@@ -42,7 +43,7 @@ from supervisor.host.lognotice import NotableLines
 
 LINE_LIMIT = 16 * 1024
 TRUNCATED = " …[truncated]"
-POLL_S = 0.02
+POLL_S = 0.05
 _READ_CHUNK = 1024 * 1024
 _PROBE = 64 * 1024
 LAG_FLOOR = 16 * 1024 * 1024
@@ -73,9 +74,11 @@ class LogTail:
         rotate_bytes: int,
         rotate_keep: int,
         exited: Callable[[], bool],
+        exit_fd: int,
     ) -> None:
         """Follow the file open (read-write) at ``fd`` from ``offset`` (from 0 if the file is shorter now: it
-        was rotated since); ``exited`` says whether the process whose output it is has exited."""
+        was rotated since); ``exited`` says whether the process whose output it is has exited, ``exit_fd`` (a
+        pidfd of it, which the reader owns) wakes the reader the moment it does."""
         self.path = path
         self.error: str | None = None
         self._fd = fd
@@ -96,7 +99,12 @@ class LogTail:
         self._pending = bytearray()
         self._discarding = False
         self._stopping = False
-        self._wake = threading.Event()
+        self._exit_fd = exit_fd
+        self._wake_fd: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._wake_lock = threading.Lock()
+        self._poller = select.poll()
+        self._poller.register(self._wake_fd, select.POLLIN)
+        self._poller.register(exit_fd, select.POLLIN)
         self._ended = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"log-{path.name}", daemon=True)
         self._thread.start()
@@ -129,7 +137,9 @@ class LogTail:
 
     def wake(self) -> None:
         """Make the reader look at the file (and at the process) now rather than at its next poll."""
-        self._wake.set()
+        with self._wake_lock:
+            if self._wake_fd is not None:
+                os.eventfd_write(self._wake_fd, 1)
 
     def ended(self) -> bool:
         """The process had exited when a pass over the file began, and that pass reached the end of the file
@@ -139,14 +149,14 @@ class LogTail:
     def close(self, timeout_s: float) -> bool:
         """Read what the file holds now, then stop; True if the reader thread ended within the timeout."""
         self._stopping = True
-        self._wake.set()
+        self.wake()
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
     def _run(self) -> None:
         try:
             while True:
-                self._wake.clear()
+                self._drain_wakes()
                 closing = self._stopping
                 exited = self._exited()  # sampled first: this pass then reads all that the process wrote
                 self._pass(closing)
@@ -155,14 +165,27 @@ class LogTail:
                         self._emit(bytes(self._pending))
                     self._restart(self._offset)
                     self._ended.set()
+                    self._poller.unregister(self._exit_fd)  # readable from now on: no longer a wake-up
                 if closing:
                     return
-                self._wake.wait(POLL_S)
+                self._poller.poll(POLL_S * 1000)
         except OSError as exc:
             self.error = f"reading {self.path} stopped: {exc}"
         finally:
             os.close(self._fd)
+            os.close(self._exit_fd)
+            with self._wake_lock:
+                assert self._wake_fd is not None
+                os.close(self._wake_fd)
+                self._wake_fd = None
             self._ended.set()
+
+    def _drain_wakes(self) -> None:
+        assert self._wake_fd is not None
+        try:
+            os.eventfd_read(self._wake_fd)
+        except BlockingIOError:
+            return
 
     def _pass(self, closing: bool) -> None:
         """Read to the end of the file, rotating and skipping on the way; when closing, only what is there now."""

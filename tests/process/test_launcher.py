@@ -94,10 +94,10 @@ def test_missing_executable_is_a_result_not_an_exception(tmp_path: Path) -> None
     assert not launcher.spawn([], {}, [0], "r", "s", tmp_path / "y.log").ok
 
 
-def test_close_returns_while_an_orphan_keeps_the_pipe_open(
+def test_close_returns_while_an_orphan_keeps_the_log_open(
     tmp_path: Path, start_tree: Callable[..., Tree]
 ) -> None:
-    """After main dies, a re-parented orphan still holds stdout; close() still ends the reader thread."""
+    """After main dies, a re-parented orphan still holds the log file; close() still ends the reader thread."""
     (tmp_path / "held").touch()
     tree = start_tree("--orphan-hold", str(tmp_path / "held"))
     os.kill(tree.main, signal.SIGKILL)
