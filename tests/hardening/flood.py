@@ -52,27 +52,8 @@ class FloodDeployment(Deployment):
         return self.root / "state" / "incidents.jsonl"
 
     def seed_journal(self, n: int = SEEDED) -> None:
-        """`n` resolved crash incidents of a day ago, as the journal's lines."""
-        self.journal_path.parent.mkdir(parents=True, exist_ok=True)
-        day_ago = time.time() - 86400
-        lines = []
-        for i in range(n):
-            incident = Incident(
-                id=f"seed-{i:04d}",
-                server=self.name,
-                fault="crash",
-                detected_at=day_ago + i,
-                evidence={"exit_code": -9, "events": ["main_exited"], "note": "seeded " * 20},
-                action="relaunch",
-                reason="main process exited (-9)",
-                argv_before=("python", "-m", "simulator.launch_server", "--tp-size", "2"),
-                argv_after=("python", "-m", "simulator.launch_server", "--tp-size", "2"),
-                recovered_at=day_ago + i + 5,
-                detection_latency_s=0.1,
-                time_to_serving_s=5.0,
-            )
-            lines.append(json.dumps(incident.to_json(), separators=(",", ":")))
-        self.journal_path.write_text("\n".join(lines) + "\n")
+        """`n` resolved crash incidents of a day ago in the journal."""
+        write_journal(self.journal_path, n, self.name)
 
     def incidents(self) -> dict[str, dict[str, Any]]:
         """The journal as the daemon wrote it: the latest line of each incident id."""
@@ -91,6 +72,30 @@ class FloodDeployment(Deployment):
                 if child.status() != psutil.STATUS_ZOMBIE and "simulator.launch_server" in child.cmdline():
                     return child.pid
         return None
+
+
+def write_journal(path: Path, n: int, server: str) -> None:
+    """A journal of `n` resolved crash incidents of `server`, a day old."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    day_ago = time.time() - 86400
+    lines = []
+    for i in range(n):
+        incident = Incident(
+            id=f"seed-{i:04d}",
+            server=server,
+            fault="crash",
+            detected_at=day_ago + i,
+            evidence={"exit_code": -9, "events": ["main_exited"], "note": "seeded " * 20},
+            action="relaunch",
+            reason="main process exited (-9)",
+            argv_before=("python", "-m", "simulator.launch_server", "--tp-size", "2"),
+            argv_after=("python", "-m", "simulator.launch_server", "--tp-size", "2"),
+            recovered_at=day_ago + i + 5,
+            detection_latency_s=0.1,
+            time_to_serving_s=5.0,
+        )
+        lines.append(json.dumps(incident.to_json(), separators=(",", ":")))
+    path.write_text("\n".join(lines) + "\n")
 
 
 def kill_main(dep: FloodDeployment, timeout: float = 120.0) -> tuple[float, float]:
@@ -144,6 +149,11 @@ class Flood:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+
+    def wait(self) -> FloodStats:
+        """Wait until the flood ends by itself (its time or request budget spent)."""
+        self._thread.join(timeout=self.max_s + 30)
+        return self.stats
 
     def _done(self) -> bool:
         return self._stop.is_set() or self.stats.responses + self.stats.errors >= self.max_requests
