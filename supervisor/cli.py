@@ -31,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     chk = sub.add_parser("check-config", help="validate a config file")
     chk.add_argument("--config", required=True, type=Path)
+    hand = sub.add_parser("handover", help="restart the daemon in place, keeping every server (an upgrade)")
+    hand.add_argument("--url", default=os.environ.get("SGLSUP_URL", DEFAULT_URL))
+    hand.add_argument("--timeout", type=float, default=120.0, help="give up waiting after this many seconds")
     st = sub.add_parser("status", help="show the daemon's status")
     st.add_argument("--url", default=os.environ.get("SGLSUP_URL", DEFAULT_URL))
     st.add_argument("--json", action="store_true")
@@ -109,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_run(args.config, args.log_level)
     if args.cmd == "check-config":
         return cmd_check(args.config)
+    if args.cmd == "handover":
+        from supervisor.handover import cmd_handover
+
+        return cmd_handover(args.url, args.timeout)
     if args.cmd == "status":
         return cmd_status(args.url, args.json, args.watch)
     if args.cmd in ("restart", "pause", "resume"):
@@ -200,7 +207,12 @@ def cmd_run(path: Path, level: str) -> int:
     except GpuBackendUnavailable as exc:
         print(f"GPU backend unavailable: {exc}", file=sys.stderr)
         return 1
-    return asyncio.run(daemon.run())
+    code = asyncio.run(daemon.run())
+    if daemon.handing_over:
+        from supervisor.handover import reexec
+
+        reexec(path, level)  # does not return: the new daemon adopts every run
+    return code
 
 
 def _get(url: str, timeout: float = 5.0) -> Any:

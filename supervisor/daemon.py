@@ -92,6 +92,7 @@ class Daemon:
         self.metrics.watch_servers(lambda: [loop.owner.gauges() for loop in self.loops])
         self.started = self.clock.wall()
         self.stop_event = asyncio.Event()
+        self.handing_over = False  # SIGUSR2: `run` re-executes the daemon after leaving every run alive
         self.status = StatusServer(self, sup.http)
 
     @property
@@ -212,12 +213,25 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop_event.wait(), timeout=period)
 
+    def handover(self) -> None:
+        """SIGUSR2: stop supervising but leave every server running, for the daemon that `run` re-executes in
+        this same process (a planned upgrade: supervisor.loop.adoption). A multi-node group member is not
+        handed over (its group would restart): refused, logged."""
+        if self.group is not None:
+            log.error(
+                "daemon.handover_refused", reason="a multi-node group member: restart the daemon instead"
+            )
+            return
+        self.handing_over = True
+        self.stop_event.set()
+
     async def run(self) -> int:
-        """Run until SIGTERM/SIGINT; then stop every server in order and return 0."""
+        """Run until SIGTERM/SIGINT (stop every server in order) or SIGUSR2 (hand every server over); 0."""
         aio = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             aio.add_signal_handler(sig, self.stop_event.set)
         aio.add_signal_handler(signal.SIGHUP, self.reload)
+        aio.add_signal_handler(signal.SIGUSR2, self.handover)
         aio.add_signal_handler(signal.SIGQUIT, lambda: log.warning("signal.sigquit_ignored"))
         await self.alerts.start()
         await self.status.start()
@@ -231,10 +245,14 @@ class Daemon:
             servers=[loop.name for loop in self.loops],
         )
         await self.stop_event.wait()
-        log.info("daemon.stopping")
-        sdnotify.stopping()
+        if self.handing_over:
+            log.info("daemon.handover", hint="every run is left to the daemon that follows (same PID)")
+            sdnotify.notify("RELOADING=1", "STATUS=handing over to a new daemon; the servers keep serving")
+        else:
+            log.info("daemon.stopping")
+            sdnotify.stopping()
         for loop in reversed(self.loops):
-            loop.stopping = True
+            loop.stopping, loop.detaching = True, self.handing_over
             loop.commands.put_nowait(Command("stop", "daemon stopping", "supervisor"))
         await asyncio.gather(*tasks, return_exceptions=True)
         for task in tasks:

@@ -18,7 +18,8 @@ from policies.flagcompat import FlagSet
 from policies.model import Observation, ProbeSettings, TreeView
 from probes.monitor import Monitor
 from supervisor.config import ServerConfig, SupervisorConfig
-from supervisor.host import forensics, launcher, preflight, proctree
+from supervisor.host import adopt, forensics, identity, launcher, preflight, proctree
+from supervisor.host.adopt import AdoptionView
 from supervisor.host.flaghelp import HelpUnavailable, target_flags
 from supervisor.host.gpu import GpuBackend, device_holders
 from supervisor.host.launcher import SpawnFailed
@@ -46,6 +47,8 @@ class RunHandle(Protocol):
     def output_ended(self) -> bool: ...
 
     def close(self, timeout_s: float = 2.0) -> bool: ...
+
+    def log_offset(self) -> int: ...
 
 
 class ProbeMonitor(Protocol):
@@ -107,6 +110,16 @@ class Host(Protocol):
     async def find_marked(self, marker: str) -> list[ProcId]: ...
 
     async def earlier_run(self, marker: str, cfg: ServerConfig) -> list[str]: ...
+
+    async def identity(self, run: RunHandle) -> dict[str, Any]: ...
+
+    async def attach(
+        self, identity: dict[str, Any], marker: str, run_id: str, log_path: str, offset: int | None
+    ) -> RunHandle | str: ...
+
+    async def adoption_view(
+        self, cfg: ServerConfig, pid: int, run_id: str, marker: str, titles: list[str]
+    ) -> AdoptionView: ...
 
     async def wait_exit(
         self, pids: Sequence[int], timeout: float, clock: Clock, wake: asyncio.Event | None = None
@@ -236,6 +249,23 @@ class RealHost:
         rank that retitled itself may no longer show its environment, but it still holds its GPU."""
         return await asyncio.to_thread(_earlier_run, marker, cfg)
 
+    async def identity(self, run: RunHandle) -> dict[str, Any]:
+        """What proves later that a process is still this run's main process (boot id, pid, start time)."""
+        found = await asyncio.to_thread(identity.RunIdentity.of, run.pid)
+        return found.to_json() if found is not None else {}
+
+    async def attach(
+        self, identity: dict[str, Any], marker: str, run_id: str, log_path: str, offset: int | None
+    ) -> RunHandle | str:
+        """Re-attach to a previous daemon's run (supervisor.host.adopt), or why it is not that run."""
+        return await asyncio.to_thread(adopt.attach, identity, marker, run_id, log_path, offset)
+
+    async def adoption_view(
+        self, cfg: ServerConfig, pid: int, run_id: str, marker: str, titles: list[str]
+    ) -> AdoptionView:
+        """Ranks, GPU holders and `/server_info` of a found run (supervisor.host.adopt)."""
+        return await asyncio.to_thread(adopt.view, cfg, pid, run_id, marker, titles)
+
     async def foreign_port_holders(self, cfg: ServerConfig) -> list[str]:
         """Processes that are not ours holding the server's ports, described for the status."""
         held = await asyncio.to_thread(preflight.foreign_port_holders, cfg)
@@ -298,7 +328,9 @@ class RealHost:
 
 
 def _earlier_run(marker: str, cfg: ServerConfig) -> list[str]:
-    found = {p.pid: f"pid {p.pid} ({proctree.display_name(p.pid)})" for p in proctree.find_marked(None, marker)}
+    found = {
+        p.pid: f"pid {p.pid} ({proctree.display_name(p.pid)})" for p in proctree.find_marked(None, marker)
+    }
     for holder in device_holders(cfg.device_paths, use_fuser=False):
         found.setdefault(holder.pid, f"pid {holder.pid} ({holder.name}, {holder.whose}) holds {holder.path}")
     return [found[pid] for pid in sorted(found)]

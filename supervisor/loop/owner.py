@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from policies.argv import redact as redact_argv
@@ -22,6 +23,19 @@ from supervisor.records.statefile import ServerRecord
 from supervisor.reporting.metrics import ServerGauges
 
 S = ServerState
+
+
+@dataclass(frozen=True)
+class FoundRun:
+    """A previous daemon's run of this server, as its record tells (to adopt or to reap)."""
+
+    run_id: str
+    identity: dict[str, Any]
+    argv: tuple[str, ...]  # as launched, secrets masked
+    spec: str
+    log_path: str
+    log_offset: int
+    detached: bool
 
 
 class IllegalMove(RuntimeError):
@@ -62,6 +76,7 @@ class ServerOwner:
         self._unproven = ""
         self._paused = False
         self._before_pause = S.STOPPED
+        self._adopted: dict[str, Any] | None = None  # how this daemon came to own the run, when it adopted it
 
     # ---- reading ----------------------------------------------------------------------------------------------
     @property
@@ -144,6 +159,26 @@ class ServerOwner:
         return self._record.group_generation
 
     @property
+    def adopted(self) -> dict[str, Any] | None:
+        """When and by which daemon version the current run was adopted (None: this daemon launched it)."""
+        return self._adopted
+
+    def found_run(self) -> FoundRun | None:
+        """The run a previous daemon recorded, when it recorded enough to try adopting it."""
+        rec = self._record
+        if not rec.pid or not rec.identity or not rec.run_id or not rec.log_path:
+            return None
+        return FoundRun(
+            rec.run_id,
+            dict(rec.identity),
+            tuple(rec.argv),
+            rec.spec,
+            rec.log_path,
+            rec.log_offset,
+            rec.detached,
+        )
+
+    @property
     def previous_run(self) -> tuple[str, int | None]:
         """The run id and main PID a previous daemon recorded."""
         return self._record.run_id, self._record.pid
@@ -188,16 +223,47 @@ class ServerOwner:
             self.transition(target, reason)
 
     # ---- the run ----------------------------------------------------------------------------------------------
-    def begin_run(self, run: RunHandle, run_id: str, argv: tuple[str, ...]) -> None:
-        """A launch now owns `run`; refused while another run is owned (never two trees)."""
+    def begin_run(
+        self,
+        run: RunHandle,
+        run_id: str,
+        argv: tuple[str, ...],
+        identity: Mapping[str, Any] | None = None,
+        spec: str = "",
+        log_path: str = "",
+    ) -> None:
+        """A launch now owns `run`; refused while another run is owned (never two trees). What a later daemon
+        needs to adopt it (identity, spec, log file) is recorded with it."""
         if self._run is not None:
             raise IllegalMove(f"launch while run {self._run_id} (pid {self._run.pid}) is still owned")
-        self._run, self._run_id, self._argv = run, run_id, argv
+        self._run, self._run_id, self._argv, self._adopted = run, run_id, argv, None
         self._launches += 1
         self._started_at, self._serving_since = self._clock.monotonic(), None
-        self._record.run_id, self._record.pid, self._record.pgid = run_id, run.pid, run.pgid
-        self._record.argv = redact_argv(list(argv))
+        rec = self._record
+        rec.run_id, rec.pid, rec.pgid = run_id, run.pid, run.pgid
+        rec.argv = redact_argv(list(argv))
+        rec.identity, rec.spec, rec.log_path = dict(identity or {}), spec, log_path
+        rec.log_offset, rec.detached = 0, False
         self._persist()
+
+    def adopt_run(
+        self, run: RunHandle, run_id: str, argv: tuple[str, ...], adopted: Mapping[str, Any]
+    ) -> None:
+        """A previous daemon's run is this daemon's now (proven the same: supervisor.loop.adoption)."""
+        if self._run is not None:
+            raise IllegalMove(f"adoption while run {self._run_id} (pid {self._run.pid}) is still owned")
+        self._run, self._run_id, self._argv, self._adopted = run, run_id, argv, dict(adopted)
+        self._launches += 1
+        self._started_at, self._serving_since = self._clock.monotonic(), None
+        self._record.detached = False
+        self._persist()
+
+    def detach_run(self, log_offset: int) -> RunHandle | None:
+        """A handover: the run stays alive for the next daemon, recorded with how far its log was read."""
+        run, self._run = self._run, None
+        self._record.log_offset, self._record.detached = log_offset, run is not None
+        self._persist()
+        return run
 
     def set_argv(self, argv: tuple[str, ...]) -> None:
         """The argv a launch is about to use (kept even if it cannot start, for incidents and status)."""
@@ -206,13 +272,14 @@ class ServerOwner:
     def end_run(self) -> RunHandle | None:
         """The run is released: forget it (the caller closes the handle)."""
         run, self._run = self._run, None
-        self._record.pid = self._record.pgid = None
-        self._persist()
+        self.forget_previous_run()
         return run
 
     def forget_previous_run(self) -> None:
         """A previous daemon's run is reaped: its record is cleared."""
-        self._record.pid = self._record.pgid = None
+        rec = self._record
+        rec.pid = rec.pgid = None
+        rec.identity, rec.detached = {}, False
         self._persist()
 
     def mark_serving(self) -> float:

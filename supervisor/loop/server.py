@@ -28,18 +28,20 @@ from policies.model import Fault, Observation
 from policies.parsers_table import ExpectedParsers
 from policies.pd import Role, restart_order
 from policies.plan import PARSER_KEY, Plan, build_argv, first_launch_parsers, parser_ladder
+from policies.spec import spec_hash
 from policies.states import ServerState, resume_target
 from policies.triage import PlanFacts, plan
 from supervisor.config import ServerConfig
 from supervisor.host import proctree
 from supervisor.host.flaghelp import HelpUnavailable
 from supervisor.host.launcher import SpawnFailed
-from supervisor.loop import recovery
+from supervisor.loop import adoption, recovery
 from supervisor.loop.commands import Command, Outcome
 from supervisor.loop.grouped import run_grouped
 from supervisor.loop.owner import ServerOwner
 from supervisor.loop.services import Services
 from supervisor.loop.watch import Watch
+from supervisor.packaged import version
 
 S = ServerState
 WAIT_POLL_S = 0.5
@@ -67,6 +69,7 @@ class ServerLoop:
         )
         self.commands: asyncio.Queue[Command] = asyncio.Queue()
         self.stopping = False
+        self.detaching = False  # a handover: stop supervising but leave the run to the next daemon
         self.flags: FlagSet | None = None
         self.skipped_rungs: list[str] = []
         self.rng = random.Random()
@@ -208,22 +211,26 @@ class ServerLoop:
             await run_grouped(self, self.svc.group)  # the group decides every stop and launch
             return
         self.adopt_interrupted()
-        await recovery.reap_previous(self)
         await self.learn_flags()
-        self.fix_parsers_before_launch()
+        if not await adoption.adopt_previous(self, version()):
+            self.fix_parsers_before_launch()
         while not self.stopping:
             try:
                 await self.step()
             except Exception as exc:  # a bug or a host error in one step must not end supervision
                 await self.step_failed(exc)
-        await recovery.stop_for_good(self)
+        if self.detaching:
+            await adoption.detach(self)  # a handover: the next daemon adopts the run
+        else:
+            await recovery.stop_for_good(self)
 
     async def step(self) -> None:
         """One round: wait while paused, or launch and watch, then act on why watching ended."""
         if self.owner.paused:
             await self.wait_for_operator()
             return
-        outcome = await self.launch_and_watch()
+        adopted = self.owner.run is not None and self.owner.state is S.STARTING
+        outcome = await (self._watch.run() if adopted else self.launch_and_watch())
         if self.stopping:
             return
         if outcome.command is not None:
@@ -287,7 +294,9 @@ class ServerLoop:
         if isinstance(result, SpawnFailed):
             self.log.error("server.spawn_failed", reason=result.reason)
             return result
-        self.owner.begin_run(result, run_id, argv)
+        identity = await self.svc.host.identity(result)
+        spec = spec_hash(argv, dict(self.cfg.env), self.cfg.gpus)
+        self.owner.begin_run(result, run_id, argv, identity, spec, str(log_path))
         self.log.info("server.started", pid=result.pid, run_id=run_id, argv=redact_argv(list(argv)))
         return None
 
@@ -429,6 +438,7 @@ class ServerLoop:
             "argv": argv,
             "gpus": list(self.cfg.gpus),
             "restarts": owner.restart_count,
+            "adopted": owner.adopted,
             "fallback": {
                 "rung": owner.rung,
                 "levels": owner.levels,

@@ -29,6 +29,14 @@ class ServerRecord:
     state: str = "stopped"
     group_generation: int = 0  # the group generation this server last launched (multi-node groups)
     open_incident: str = ""  # the incident a recovery is under way for ("" once serving again)
+    # what a later daemon needs to adopt the run (supervisor.loop.adoption)
+    identity: dict[str, Any] = field(
+        default_factory=dict
+    )  # pid, pgid, start ticks, boot id of the main process
+    spec: str = ""  # policies.spec.spec_hash of what was launched
+    log_path: str = ""  # the file the run writes its output to
+    log_offset: int = 0  # how far the daemon had read it (exact after a handover)
+    detached: bool = False  # a handover left the run to the next daemon on purpose
 
 
 @dataclass

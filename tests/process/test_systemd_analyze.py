@@ -48,7 +48,9 @@ def test_systemd_analyze_verify_passes(tmp_path: Path) -> None:
 @needs_systemd_analyze
 def test_systemd_analyze_verify_catches_unknown_keys(tmp_path: Path) -> None:
     """The check has teeth: an unknown directive makes verify fail."""
-    result = verify(tmp_path, with_existing_binary().replace("KillMode=mixed", "KillMode=mixed\nKilMode=x"))
+    result = verify(
+        tmp_path, with_existing_binary().replace("KillMode=process", "KillMode=process\nKilMode=x")
+    )
     assert result.returncode != 0
     assert "Unknown key 'KilMode'" in result.stderr
 

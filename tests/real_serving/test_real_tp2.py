@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,3 +71,23 @@ def test_rank_stopped_mid_request_is_a_collective_hang_with_collective_evidence(
     assert collective is not None and collective != IDLE, f"py-spy shows TP0 blocked in a collective:\n{tp0}"
     assert collective in json.dumps(incident["evidence"]), (collective, frame, incident["evidence"])
     assert "--disable-overlap-schedule" in again["argv"]
+
+
+def test_a_sigkilled_daemon_is_followed_by_one_that_adopts_the_real_tree(dep: RealDeployment) -> None:
+    """The daemon SIGKILLed while the real tp-2 server serves: the next daemon adopts the same tree (its main PID,
+    no incident), and a real rank kill afterwards is still caught and recovered."""
+    first = dep.wait(serving, timeout=READY_S, what="serving")
+    incidents = len(dep.incidents())
+    assert dep.daemon is not None
+    os.killpg(dep.daemon.pid, signal.SIGKILL)
+    dep.daemon.wait(timeout=30)
+    dep.start()
+    adopted = dep.wait(lambda s: serving(s) and bool(s["adopted"]), timeout=READY_S, what="adopted")
+    assert adopted["pid"] == first["pid"] and len(dep.incidents()) == incidents
+    dep.ranks(first["pid"])["sglang::scheduler_TP1"].kill()
+    again = dep.wait(
+        lambda s: serving(s) and s["pid"] != first["pid"],
+        timeout=READY_S,
+        what="relaunched after the rank kill",
+    )
+    assert again["last_incident"]["fault"] == "crash" and not again["adopted"]

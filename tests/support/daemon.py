@@ -291,6 +291,7 @@ class Traffic:
         self.base_url, self.model, self.period_s, self.max_requests = base_url, model, period_s, max_requests
         self.stop = threading.Event()
         self.sent = 0
+        self.failed = 0  # requests that got no 200 answer (refused, timed out, an error status)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -304,8 +305,10 @@ class Traffic:
                 data=body,
                 headers={"Content-Type": "application/json"},
             )
-            with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+            try:
                 urllib.request.urlopen(req, timeout=3).read()
+            except (OSError, urllib.error.URLError, ValueError):
+                self.failed += 1
             self.stop.wait(self.period_s)
 
     def __enter__(self) -> Traffic:

@@ -14,6 +14,7 @@ from policies.flagcompat import FlagSet
 from policies.model import Observation, ProbeSettings
 from supervisor.config import Config, parse_config
 from supervisor.daemon import Daemon
+from supervisor.host.adopt import AdoptionView
 from supervisor.host.flaghelp import HelpUnavailable
 from supervisor.host.forensics import Evidence
 from supervisor.host.launcher import SpawnFailed
@@ -67,6 +68,9 @@ class FakeRun:
     def close(self, timeout_s: float = 2.0) -> bool:
         self.closed = True
         return True
+
+    def log_offset(self) -> int:
+        return len(self.lines)
 
 
 class FakeMonitor:
@@ -125,6 +129,8 @@ class FakeHost:
     spawn_error: str = ""
     release_ok: bool = True
     spawning: set[str] = field(default_factory=set)  # rank titles a new run has not spawned yet
+    foreign_gpu: list[str] = field(default_factory=list)  # holders of the GPUs that are not of the run
+    server_info_problem: str | None = None
     release_misses: int = 0  # the next releases that say "released" and leave every process alive
     leftovers: list[ProcId] = field(default_factory=list)
     foreign: list[str] = field(default_factory=list)
@@ -177,6 +183,23 @@ class FakeHost:
 
     async def find_marked(self, marker: str) -> list[ProcId]:
         return list(self.leftovers)
+
+    async def identity(self, run: Any) -> dict[str, Any]:
+        return {"pid": run.pid, "pgid": run.pgid, "start_ticks": 1, "boot_id": "fake-boot"}
+
+    async def attach(
+        self, identity: dict[str, Any], marker: str, run_id: str, log_path: str, offset: int | None
+    ) -> Any:
+        """A run of an earlier daemon still alive (the test put it in `runs`), else why not."""
+        for run in self.runs:
+            if run.pid == identity.get("pid") and run.exit_code is None:
+                run.closed = False
+                return run
+        return f"pid {identity.get('pid')} gone"
+
+    async def adoption_view(self, cfg: Any, pid: int, run_id: str, marker: str, titles: list[str]) -> Any:
+        run = next(r for r in self.runs if r.pid == pid)
+        return AdoptionView(tuple(sorted(run.lost)), tuple(self.foreign_gpu), self.server_info_problem)
 
     async def earlier_run(self, marker: str, cfg: Any) -> list[str]:
         """Leftovers and every launched tree not yet killed (what a real marker scan would find)."""

@@ -33,13 +33,14 @@ def values(key: str) -> list[str]:
 
 
 def test_service_settings_for_a_gpu_owning_notify_daemon() -> None:
-    """Type=notify with watchdog, KillMode=mixed, stop timeout above the drain, restart on failure."""
+    """Type=notify with watchdog, KillMode=process (a dead supervisor's servers are adopted), stop timeout above
+    the drain, restart on failure."""
     single = {
         "Type": "notify",
         "NotifyAccess": "main",
         "WatchdogSec": "30",
         "ExecStart": f"{BINARY} run --config /etc/sglang-supervisor/config.toml",
-        "KillMode": "mixed",
+        "KillMode": "process",
         "Restart": "on-failure",
         "NoNewPrivileges": "yes",
         "PrivateTmp": "yes",
