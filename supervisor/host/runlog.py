@@ -3,11 +3,11 @@
 The server writes its stdout and stderr straight into the log file (the launcher opens it ``O_APPEND``), so its
 output never depends on the daemon: with no reader at all it still never blocks and loses nothing. A reader thread
 (``LogTail``) follows the file from a byte offset: it reads in bulk (at most 1 MiB at a time) while there is data
-and, when there is none, sleeps ``POLL_S``, woken at once by ``close``, ``wake`` or the process's exit (a pidfd). The bytes
-become lines (each at most 16 KiB, cut with a marker), kept in a ``deque(maxlen=ring_lines)``; the catalogued lines
-a flood pushes out of the ring before the monitor reads it are kept aside (``lognotice``). ``offset`` is where the
-next reader starts: a daemon that persists it can hand the file over to its successor without losing or repeating
-a line.
+and, when there is none, sleeps ``POLL_S``, woken at once by ``close``, ``wake`` or the process's exit (a pidfd).
+The bytes become lines (each at most 16 KiB, cut with a marker), kept in a ``deque(maxlen=ring_lines)``; the
+catalogued lines a flood pushes out of the ring before the monitor reads it are kept aside (``lognotice``).
+``offset`` is where the next reader starts: a daemon that persists it can hand the file over to its successor
+without losing or repeating a line.
 
 Rotation, done by the reader once the file holds more than ``rotate_bytes``: the head it has consumed (whole
 lines, rounded down to a filesystem block, at most ``rotate_bytes``) is copied to ``.1`` (older copies shifted,
@@ -19,13 +19,13 @@ reads to the end, copies the newest ``rotate_bytes`` to ``.1`` and truncates the
 writes between that last read and the truncate (a copy's duration) is lost.
 
 A flood faster than the reader (more than ``rotate_bytes / 2`` unread, and at least ``LAG_FLOOR``: a burst is read
-in full, only a sustained flood is not): the reader jumps to the newest
-``rotate_bytes / 8`` and reads on from there; the lines jumped over (their number estimated from the density of
-lines where it lands) are counted, as unscanned, and stay in the file. While it floods, a rotation cuts off all the
-consumed head and copies its newest ``rotate_bytes`` to ``.1`` at most once per ``FLOOD_COPY_S``: copying every
-cut would cost more than the flood. The disk holds at most ``rotate_bytes * (rotate_keep + 1)`` (the rotated copies
-at most ``rotate_bytes`` each), plus, during a flood, what is still unread (``LAG_FLOOR`` or half the file) and
-what the server writes while the reader goes round once.
+in full, only a sustained flood is not): the reader jumps to the newest ``rotate_bytes / 8`` and reads on from
+there; the lines jumped over (their number estimated from the density of lines where it lands) are counted, as
+unscanned, and stay in the file. While it floods, a rotation cuts off all the consumed head and copies its newest
+``rotate_bytes`` to ``.1`` at most once per ``FLOOD_COPY_S``: copying every cut would cost more than the flood.
+The disk holds at most ``rotate_bytes * (rotate_keep + 1)`` (the rotated copies at most ``rotate_bytes`` each),
+plus, during a flood, what is still unread (``LAG_FLOOR`` or half the file) and what the server writes while the
+reader goes round once.
 """
 
 from __future__ import annotations
