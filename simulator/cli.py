@@ -122,6 +122,7 @@ class SimServerArgs:
     cuda_graph_max_bs_prefill: int | None = None
     disable_cuda_graph: bool = False
     disable_custom_all_reduce: bool = False
+    num_continuous_decode_steps: int = 1
     enable_torch_compile: bool = False
     enable_dp_attention: bool = False
     speculative_algorithm: str | None = None
@@ -232,6 +233,7 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("cuda_graph_max_bs_decode", "Largest batch size captured in a decode CUDA graph.", int),
     _Flag("cuda_graph_max_bs_prefill", "Largest token count captured in a prefill CUDA graph.", int),
     _Flag("disable_custom_all_reduce", "Use NCCL instead of the custom all-reduce."),
+    _Flag("num_continuous_decode_steps", "Decode steps run in a row before the scheduler looks again.", int),
     _Flag("enable_torch_compile", "Compile the model with torch.compile."),
     _Flag("speculative_algorithm", "Speculative decoding algorithm (EAGLE, EAGLE3, NEXTN, ...).", str),
     _Flag("speculative_draft_model_path", "Draft model path.", str, ("--speculative-draft-model",)),
