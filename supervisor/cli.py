@@ -1,4 +1,4 @@
-"""`sglang-supervisor`: run, check-config, status, restart|pause|resume, demo, drill, install-unit, files."""
+"""`sglang-supervisor`: run, check-config, status, restart|pause|resume, rung, demo, drill, install-unit, files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import os
 import secrets
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -38,6 +37,20 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--url", default=os.environ.get("SGLSUP_URL", DEFAULT_URL))
     st.add_argument("--json", action="store_true")
     st.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS")
+    st.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N screens")
+    rung = sub.add_parser("rung", help="show a server's fallback rungs, or set or reset one (token needed)")
+    rung.add_argument("action", choices=["show", "reset", "set"])
+    rung.add_argument("--server", help="the server (show: all when omitted)")
+    rung.add_argument(
+        "--ladder", help="the ladder key, e.g. collective_hang (reset: every ladder when omitted)"
+    )
+    rung.add_argument("--level", type=int, help="set: the rung to launch with (0 = the configured flags)")
+    rung.add_argument(
+        "--restart", action="store_true", help="restart now (planned) instead of at the next launch"
+    )
+    rung.add_argument("--reason", default="")
+    rung.add_argument("--url", default=os.environ.get("SGLSUP_URL", DEFAULT_URL))
+    rung.add_argument("--token-file", type=Path, default=os.environ.get("SGLSUP_TOKEN_FILE"))
     for name in ("restart", "pause", "resume"):
         c = sub.add_parser(name, help=f"{name} a server (all when --server is omitted)")
         c.add_argument("--server")
@@ -117,9 +130,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return cmd_handover(args.url, args.timeout)
     if args.cmd == "status":
-        return cmd_status(args.url, args.json, args.watch)
+        return cmd_status(args.url, args.json, args.watch, args.count)
     if args.cmd in ("restart", "pause", "resume"):
         return cmd_control(args.cmd, args.url, args.server, args.reason, args.token_file)
+    if args.cmd == "rung":
+        return cmd_rung(args)
     if args.cmd == "drill":
         return cmd_drill(args)
     if args.cmd == "install-unit":
@@ -215,72 +230,49 @@ def cmd_run(path: Path, level: str) -> int:
     return code
 
 
-def _get(url: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.loads(resp.read(8 * 2**20))
+def cmd_status(url: str, as_json: bool, watch: float | None, count: int | None = None) -> int:
+    """Print the status (a table for humans, or the JSON), once or `--watch`ed (supervisor/reporting/status_text)."""
+    from supervisor.reporting.status_text import show
 
-
-def cmd_status(url: str, as_json: bool, watch: float | None) -> int:
-    """Print the status (a table for humans, or the JSON)."""
-    while True:
-        try:
-            body = _get(url.rstrip("/") + "/status")
-        except (OSError, ValueError) as exc:
-            print(f"cannot reach the supervisor at {url}: {exc}", file=sys.stderr)
-            return 2
-        text = json.dumps(body, indent=1) if as_json else render_status(body)
-        if watch:
-            print("\033[2J\033[H" + text, flush=True)
-            time.sleep(watch)
-            continue
-        print(text)
-        return 0
-
-
-def _ago(ts: float | None) -> str:
-    if not ts:
-        return "-"
-    s = max(0, int(time.time() - ts))
-    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
+    return show(url, as_json, watch, count)
 
 
 def render_status(body: dict[str, Any]) -> str:
-    """One screen: per server state, since, PID, GPUs, rung and flags, last incident, startup progress."""
-    lines = [f"daemon: {body.get('status_line', body.get('state'))}", ""]
-    head = (
-        f"{'SERVER':<12} {'ROLE':<8} {'STATE':<11} {'SINCE':>6} {'PID':>8} {'GPUS':<16} {'RUNG':>4}  RESTARTS"
-    )
-    lines.append(head)
-    for s in body.get("servers", []):
-        gpus = ",".join(str(g) for g in s.get("gpus", [])) or "-"
-        fb = s.get("fallback") or {}
-        lines.append(
-            f"{s['name']:<12} {s['role']:<8} {s['state']:<11} {_ago(s.get('since')):>6} {s.get('pid') or '-':>8} "
-            f"{gpus:<16} {fb.get('rung', 0):>4}  {s.get('restarts', 0)}"
-        )
-        if s.get("reason"):
-            lines.append(f"  why: {s['reason']}")
-        if fb.get("flags"):
-            lines.append(f"  fallback flags: {' '.join(fb['flags'])}")
-        start = s.get("startup")
-        if start:
-            lines.append(f"  startup: waiting for {start.get('waiting_for') or 'the launch'}")
-            if start.get("progress"):
-                lines.append(f"  progress: {start['progress']}")
-        last = s.get("last_incident")
-        if last:
-            lines.append(
-                f"  last incident: {last['id']} {last['fault']} → {last['action']} ({_ago(last['detected_at'])} ago)"
-            )
-    if body.get("group"):
-        from supervisor.group.report import render_group
+    """One screen of the `/status` document."""
+    from supervisor.reporting.status_text import render_status as render
 
-        lines += ["", *render_group(body["group"])]
-    return "\n".join(lines)
+    return render(body)
+
+
+def cmd_rung(args: argparse.Namespace) -> int:
+    """`rung show` reads /status; `rung set|reset` posts /control/rung with the token (supervisor/rungs.py)."""
+    if args.action == "show":
+        from supervisor.reporting.status_text import fetch
+        from supervisor.rungs import show_lines
+
+        try:
+            servers = [s for s in fetch(args.url)["servers"] if args.server in (None, s["name"])]
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"cannot reach the supervisor at {args.url}: {exc}", file=sys.stderr)
+            return 2
+        if not servers:
+            print(f"unknown server {args.server!r}", file=sys.stderr)
+            return 1
+        print("\n".join(line for s in servers for line in show_lines(s)))
+        return 0
+    body = {"action": args.action, "server": args.server, "ladder": args.ladder, "level": args.level}
+    return _post_control(
+        "rung", args.url, {**body, "restart": args.restart, "reason": args.reason}, args.token_file
+    )
 
 
 def cmd_control(action: str, url: str, server: str | None, reason: str, token_file: Path | None) -> int:
     """POST /control/<action> with the bearer token."""
+    return _post_control(action, url, {"server": server, "reason": reason}, token_file)
+
+
+def _post_control(action: str, url: str, fields: dict[str, Any], token_file: Path | None) -> int:
+    """POST /control/<action> with `fields`, the caller's user name and the bearer token; the answer printed."""
     if token_file is None:
         print("a token is needed: --token-file FILE (or SGLSUP_TOKEN_FILE)", file=sys.stderr)
         return 2
@@ -289,7 +281,7 @@ def cmd_control(action: str, url: str, server: str | None, reason: str, token_fi
     except OSError as exc:
         print(f"cannot read {token_file}: {exc.strerror}", file=sys.stderr)
         return 2
-    body = json.dumps({"server": server, "reason": reason, "actor": getpass.getuser()}).encode()
+    body = json.dumps({**fields, "actor": getpass.getuser()}).encode()
     req = urllib.request.Request(
         url.rstrip("/") + f"/control/{action}",
         data=body,

@@ -26,7 +26,7 @@ from supervisor.group.member import GroupMember
 from supervisor.group.report import GroupReporter
 from supervisor.host.gpu import open_backend
 from supervisor.loop.clock import Clock, SystemClock
-from supervisor.loop.commands import Command
+from supervisor.loop.commands import Command, RungChange
 from supervisor.loop.host import Host, RealHost
 from supervisor.loop.incidents import IncidentBook
 from supervisor.loop.server import ServerLoop
@@ -37,7 +37,9 @@ from supervisor.records.statefile import StateFile
 from supervisor.redaction import register_config, secret_file_warnings
 from supervisor.reporting import sdnotify
 from supervisor.reporting.metrics import SupervisorMetrics
+from supervisor.reporting.readiness import Readiness, verdict
 from supervisor.reporting.status_http import StatusServer
+from supervisor.rungs import check_rung
 
 log = structlog.get_logger()
 STALE_MIN_S = 10.0  # a server loop that has not beaten for max(this, 10 ticks) is wedged
@@ -126,6 +128,7 @@ class Daemon:
             "status_line": self.status_line(),
             "pid": os.getpid(),
             "started_at": self.started,
+            "generated_at": self.clock.wall(),
             "servers": [loop.status() for loop in self.loops],
             "group": self.group.status() if self.group is not None else None,
             "incidents": [i.to_json() for i in list(self.svc.incidents.recent)[-20:]][::-1],
@@ -165,6 +168,43 @@ class Daemon:
             except TimeoutError:
                 results[loop.name] = "queued"
         return results
+
+    def readiness(self, server: str | None) -> list[Readiness]:
+        """Each server's readiness (or the named one's: KeyError when unknown), from its owner's state."""
+        targets = self.targets(server)
+        if not targets:
+            raise KeyError(server or "")
+        now = self.clock.monotonic()
+        after = max(STALE_MIN_S, 10 * self.config.supervisor.tick_s)
+        return [
+            verdict(
+                loop.name,
+                loop.owner.state.value,
+                loop.owner.reason,
+                loop.owner.unproven,
+                loop.owner.since,
+                now - loop.last_beat if loop.stale(now, after) else None,
+            )
+            for loop in targets
+        ]
+
+    async def control_rung(self, server: str, change: RungChange, reason: str, actor: str) -> dict[str, Any]:
+        """An operator's ladder level for one server, checked here (KeyError: unknown server; RungRefused: why
+        not), applied by its loop through the owner for the next launch (or at once, with a planned restart)."""
+        loop = next(iter(self.targets(server)), None)
+        if loop is None:
+            raise KeyError(server)
+        group = self.config.group
+        check_rung(
+            loop.name, loop.cfg.role.value, loop.ladders, change, group is not None and group.server == server
+        )
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        loop.commands.put_nowait(Command("rung", reason, actor, done, rung=change))
+        try:
+            result = await asyncio.wait_for(asyncio.shield(done), timeout=5.0)
+        except TimeoutError:
+            result = "queued"
+        return {"servers": {loop.name: result}, "levels": loop.owner.levels}
 
     def reload(self) -> None:
         """SIGHUP: apply the new config as a whole, or keep the old one and say why (invalid, or needs a restart).

@@ -10,15 +10,27 @@ from policies.model import Fault
 from policies.triage import Promotion
 
 
+@dataclass(frozen=True)
+class RungChange:
+    """An operator's ladder change: `ladder` to `level` (None: every active ladder back to 0), then a planned
+    restart when `restart`, else at the next launch."""
+
+    ladder: str | None
+    level: int
+    restart: bool = False
+
+
 @dataclass
 class Command:
-    """An action queued for one server: restart, pause, resume, stop, or a promote-back the loop itself queued."""
+    """An action queued for one server: restart, pause, resume, stop, an operator's rung change, or a
+    promote-back the loop itself queued."""
 
-    kind: str  # "restart" | "pause" | "resume" | "stop" | "promote"
+    kind: str  # "restart" | "pause" | "resume" | "stop" | "promote" | "rung"
     reason: str = ""
     actor: str = "operator"
     done: asyncio.Future[str] | None = field(default=None, repr=False)
     promotion: Promotion | None = None  # a promote: the levels decided by policies.triage.promotion
+    rung: RungChange | None = None  # a rung: the ladder level the operator chose
 
     def answer(self, result: str) -> None:
         """Tell the caller waiting on `done` (once)."""

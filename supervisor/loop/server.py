@@ -36,12 +36,13 @@ from supervisor.host import proctree
 from supervisor.host.flaghelp import HelpUnavailable
 from supervisor.host.launcher import SpawnFailed
 from supervisor.loop import adoption, recovery
-from supervisor.loop.commands import Command, Outcome
+from supervisor.loop.commands import Command, Outcome, RungChange
 from supervisor.loop.grouped import run_grouped
 from supervisor.loop.owner import ServerOwner
 from supervisor.loop.services import Services
 from supervisor.loop.watch import Watch
 from supervisor.packaged import version
+from supervisor.reporting import argv_view
 
 S = ServerState
 WAIT_POLL_S = 0.5
@@ -380,8 +381,24 @@ class ServerLoop:
             self.owner.resume(resume_target, f"resumed by {cmd.actor}: {cmd.reason}")
         elif cmd.kind == "stop":
             self.stopping = True
+        elif cmd.kind == "rung" and cmd.rung is not None:
+            self.change_rung(cmd, cmd.rung)
         cmd.answer("restarting" if cmd.kind == "restart" else cmd.kind)
         return cmd.kind
+
+    def change_rung(self, cmd: Command, change: RungChange) -> None:
+        """An operator's ladder level, through the owner (journaled with who and why) for the next launch; with
+        `restart` the command goes on as a planned restart. The history records the level, so a returning fault
+        steps one rung past it."""
+        levels = self.owner.levels
+        keys = [change.ladder] if change.ladder is not None else sorted(levels)
+        for key in keys:
+            self.owner.set_levels({**levels, key: change.level}, (key, change.level))
+            levels = self.owner.levels
+        what = ", ".join(f"{key} {change.level}" for key in keys) or "no active ladder"
+        self.operator_entry(f"rung {what}", cmd)
+        if change.restart:
+            cmd.kind = "restart"  # carried out as an operator restart, with the new levels
 
     def operator_entry(self, action: str, cmd: Command) -> None:
         """A control action in the journal, with who and why."""
@@ -420,11 +437,12 @@ class ServerLoop:
 
     # ---- status --------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        """This server in `/status` (secrets redacted)."""
+        """This server in `/status` (secrets redacted): the running argv against the configured one as flags,
+        what the next launch changes, one entry per active ladder."""
         owner = self.owner
         last = self.svc.incidents.last(self.name)
-        argv = redact_argv(list(owner.argv))
-        configured = set(redact_argv(list(self.cfg.argv)))
+        running, configured = list(owner.argv), list(self.cfg.argv)
+        ladders = self.ladders
         run = owner.run
         return {
             "name": self.name,
@@ -435,7 +453,10 @@ class ServerLoop:
             "unproven": owner.unproven or None,
             "pid": run.pid if run else None,
             "run_id": owner.run_id or None,
-            "argv": argv,
+            "argv": redact_argv(running),
+            "configured_argv": redact_argv(configured),
+            "flags": argv_view.flag_diff(configured, running),
+            "next_launch": argv_view.next_launch(running, self.current_argv()),
             "gpus": list(self.cfg.gpus),
             "restarts": owner.restart_count,
             "adopted": owner.adopted,
@@ -443,7 +464,8 @@ class ServerLoop:
                 "rung": owner.rung,
                 "levels": owner.levels,
                 "reason": last.reason if last else "",
-                "flags": [a for a in argv if a not in configured],
+                "rungs": argv_view.rungs(self.cfg.args, owner.levels, ladders),
+                "ladders": argv_view.ladder_table(ladders),
             },
             "probes": self._watch.snapshot(),
             "startup": self._watch.startup_view(),

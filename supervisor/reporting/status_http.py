@@ -1,4 +1,5 @@
-"""The status endpoint: `/healthz`, `/status`, `/incidents`, `/metrics`, and token-guarded `/control/*`.
+"""The status endpoint: `/healthz`, `/status`, `/incidents`, `/metrics`, `/ready`, `/servers/<name>/ready`, and
+token-guarded `/control/*`.
 
 Bound to loopback by default. Control endpoints answer 403 (with how to enable them) when no token is
 configured, 401 without or with a wrong bearer token (constant-time compare). Nothing secret is served:
@@ -7,7 +8,8 @@ every body goes through `supervisor.redaction.hide`.
 The server shares the daemon's one event loop with supervision, so its clients' cost is bounded: `/status`,
 `/metrics` and the incident journal are rendered at most every `cache_s` and served as cached bytes
 (`status_cache`), and connections, request rate, request sizes and slow clients are limited (`admission`).
-`/healthz` is computed on every request: it reads the server loops' last beats, which is O(servers).
+`/healthz` and the readiness answers are computed on every request from the state the owners hold, which is
+O(servers): no probe is sent per request.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ import structlog
 from aiohttp import web
 
 from supervisor.config import HttpConfig
+from supervisor.loop.commands import RungChange
 from supervisor.redaction import hide
 from supervisor.reporting.admission import Gate, listeners, read_within
 from supervisor.reporting.metrics import CONTENT_TYPE
+from supervisor.reporting.readiness import Readiness, overall
 from supervisor.reporting.status_cache import Cached, Threaded
+from supervisor.rungs import RungRefused, parse_request
 
 log = structlog.get_logger()
 MAX_CONTROL_BODY = 16 * 1024
@@ -84,6 +89,14 @@ class StatusSource(Protocol):
         """Queue an operator command; KeyError for an unknown server."""
         ...
 
+    async def control_rung(self, server: str, change: RungChange, reason: str, actor: str) -> dict[str, Any]:
+        """An operator's ladder level; KeyError for an unknown server, RungRefused when it cannot apply."""
+        ...
+
+    def readiness(self, server: str | None) -> list[Readiness]:
+        """Each server's readiness, or the named one's (KeyError when unknown)."""
+        ...
+
 
 class StatusServer:
     """aiohttp app serving the daemon's status."""
@@ -106,7 +119,10 @@ class StatusServer:
         app.router.add_get("/status", self.status)
         app.router.add_get("/incidents", self.incidents)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/ready", self.ready)
+        app.router.add_get("/servers/{name}/ready", self.server_ready)
         app.router.add_post("/control/{action:restart|pause|resume}", self.control)
+        app.router.add_post("/control/rung", self.control_rung)
         return app
 
     async def start(self) -> None:
@@ -163,8 +179,22 @@ class StatusServer:
         """Prometheus text exposition."""
         return web.Response(body=self.metrics_body.get(), headers={"Content-Type": CONTENT_TYPE})
 
-    async def control(self, request: web.Request) -> web.Response:
-        """restart / pause / resume, for one server (`server`) or all; `reason` and `actor` go to the journal."""
+    async def ready(self, request: web.Request) -> web.Response:
+        """200 when every server is serving and proven, else 503 with a line per server that is not."""
+        ok, text = overall(self.source.readiness(None))
+        return web.Response(text=text + "\n", status=200 if ok else 503)
+
+    async def server_ready(self, request: web.Request) -> web.Response:
+        """200 when this server is serving and proven, else 503; one line that says why; 404 if unknown."""
+        name = request.match_info["name"]
+        try:
+            (found,) = self.source.readiness(name)
+        except KeyError:
+            return web.Response(text=f"unknown server {name!r}\n", status=404)
+        return web.Response(text=found.line + "\n", status=200 if found.ready else 503)
+
+    async def _authorized_body(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """The JSON object of a control request whose bearer token matches; else the answer that refuses it."""
         token = read_token(self.source.token_file())
         if token is None:
             return web.json_response(
@@ -189,14 +219,45 @@ class StatusServer:
             return web.json_response({"error": "body must be JSON"}, status=400)
         if not isinstance(body, dict):
             return web.json_response({"error": "body must be a JSON object"}, status=400)
-        action = request.match_info["action"]
-        server = body.get("server")
+        return body
+
+    def _who(self, request: web.Request, body: dict[str, Any]) -> tuple[str, str]:
         reason = str(body.get("reason") or "")[:500]
         actor = str(body.get("actor") or request.headers.get("X-Actor") or "operator")[:100]
+        return reason, actor
+
+    def _changed(self) -> None:
+        for cached in (self.status_body, self.metrics_body, self.journal):
+            cached.invalidate()
+
+    async def control(self, request: web.Request) -> web.Response:
+        """restart / pause / resume, for one server (`server`) or all; `reason` and `actor` go to the journal."""
+        body = await self._authorized_body(request)
+        if isinstance(body, web.Response):
+            return body
+        action = request.match_info["action"]
+        server = body.get("server")
+        reason, actor = self._who(request, body)
         try:
             result = await self.source.control(action, str(server) if server else None, reason, actor)
         except KeyError:
             return web.json_response({"error": f"unknown server {server!r}"}, status=404)
-        for cached in (self.status_body, self.metrics_body, self.journal):
-            cached.invalidate()
+        self._changed()
         return web.json_response({"action": action, "servers": result})
+
+    async def control_rung(self, request: web.Request) -> web.Response:
+        """`{server, action: set|reset, ladder, level, restart, reason, actor}`: a ladder level for the next
+        launch (or now, with `restart`); 404 for an unknown server, 400 with why for anything else wrong."""
+        body = await self._authorized_body(request)
+        if isinstance(body, web.Response):
+            return body
+        reason, actor = self._who(request, body)
+        try:
+            server, change = parse_request(body)
+            result = await self.source.control_rung(server, change, reason, actor)
+        except KeyError:
+            return web.json_response({"error": f"unknown server {body.get('server')!r}"}, status=404)
+        except RungRefused as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        self._changed()
+        return web.json_response({"action": f"rung {body['action']}", **result})
