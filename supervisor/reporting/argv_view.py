@@ -65,13 +65,14 @@ def ladder_table(ladders: Mapping[str, Ladder]) -> dict[str, list[str]]:
 
 
 def diff_words(diff: Mapping[str, Sequence[Any]]) -> list[str]:
-    """`+--flag`, `+(--flag value)`, `-(--flag value)`, `~--flag old → new`: one word per change."""
+    """`+--flag`, `+(--flag value)`, `-(--flag)`, `-(--flag value)`, `~--flag old → new`: one word per change
+    (a removed flag in parentheses, so `-` never runs into its dashes)."""
 
-    def shown(flag: str, values: Sequence[str]) -> str:
-        return f"({' '.join([flag, *values])})" if values else flag
+    def shown(flag: str, values: Sequence[str], bare: bool = True) -> str:
+        return flag if bare and not values else f"({' '.join([flag, *values])})"
 
     words = [f"+{shown(flag, values)}" for flag, values in diff.get("added", ())]
-    words += [f"-{shown(flag, values)}" for flag, values in diff.get("removed", ())]
+    words += [f"-{shown(flag, values, bare=False)}" for flag, values in diff.get("removed", ())]
     words += [
         f"~{flag} {' '.join(old) or '(set)'} → {' '.join(new) or '(set)'}"
         for flag, old, new in diff.get("changed", ())
