@@ -23,6 +23,10 @@ Order of precedence (the first rule that holds decides; later rules only add not
                   disagreement) or `/server_info` naming another parser than expected.
 9. `health_unresponsive` — /health 503 or timing out for `unresponsive_after_s` (at least `health_failures` in a
                   row) AND no progress in that span; never while `starting` (503 is normal there).
+                  Strong evidence decides at the first failed /health: a rank frozen (stopped `T` or in
+                  uninterruptible sleep `D`, no CPU time; probe `ranks`) in every reading over the whole wait of
+                  that /health (tag `ranks_frozen`). The shape of an idle engine stuck in the driver or on a hung
+                  GPU: a busy server, however slow or starved of CPU, has its ranks running or sleeping (`R`/`S`).
 10. `startup_stalled` — while `starting`: no progress line for `startup_silence_s`, or the startup budget (extended
                   while progress lines keep coming) is spent.
 11. `stream_leak` — markup leaks only under concurrent streaming: alert, degrade, never restart.
@@ -57,6 +61,9 @@ STRONG_STALL_FRACTION = 0.25  # of stall_after_s: a stall this long with strong 
 # waiting for its own kernels or for requests is not a hang, however long it lasts
 NOT_BLOCKING = frozenset({"recv_requests", "synchronize"})
 CRASH_XIDS = frozenset({13, 31, 43})
+FROZEN_COVER_S = (
+    2.0  # the ranks probe reads every second: a freeze seen this soon after a /health began covers it
+)
 
 
 @dataclass(frozen=True)
@@ -299,6 +306,26 @@ def _unresponsive(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
         if obs.ok or health_values(obs).get("refused"):
             break
         failing.append(obs)
+    frozen, span = w.frozen_through(failing[0]) if failing else ([], [])
+    if frozen:  # strong evidence: the first failed /health decides
+        newest, health = ranks_values(span[-1]), failing[0]
+        states = dict(newest.get("states", {}))
+        return _fault(
+            "health_unresponsive",
+            f"/health {health_values(health).get('status') or 'timed out'} after {health.latency_s or 0:.0f}s with "
+            f"ranks frozen throughout: {', '.join(f'{t} ({states.get(t)})' for t in frozen)}",
+            0.9,
+            onset=health.at - (health.latency_s or 0.0),
+            health={"statuses": [health_values(o).get("status") for o in reversed(failing)][-10:]},
+            ranks={
+                "frozen": frozen,
+                "states": states,
+                "cpu_s": dict(newest.get("cpu_s", {})),
+                "readings": len(span),
+            },
+            last_progress_at=w.last_progress_at(),
+            tags=["ranks_frozen"],
+        )
     s = ctx.settings
     if len(failing) < s.health_failures:
         return None

@@ -118,13 +118,20 @@ class GpuValues(TypedDict, total=False):
 
 
 class RanksValues(TypedDict, total=False):
-    """`ranks`: the process tree — main process, missing and zombie ranks, CPU time per rank."""
+    """`ranks`: the process tree — main process, missing and zombie ranks, CPU time and state letter per rank.
+
+    `frozen`: ranks stopped (`T`) or in uninterruptible sleep (`D`) whose CPU time did not advance since the
+    previous reading: they cannot answer anything until someone resumes them (a SIGSTOP, a rank stuck in the
+    driver).
+    """
 
     main_alive: bool
     missing: list[str]
     zombie: list[str]
     cpu_s: dict[str, float]
     cpu_advancing: dict[str, bool]
+    states: dict[str, str]
+    frozen: list[str]
 
 
 class StacksValues(TypedDict, total=False):
@@ -198,6 +205,9 @@ class TreeView:
     missing_ranks: tuple[str, ...] = ()  # ranks that had appeared and are gone (not those still spawning)
     zombie_ranks: tuple[str, ...] = ()
     rank_cpu_s: Mapping[str, float] = field(default_factory=dict)
+    rank_states: Mapping[str, str] = field(
+        default_factory=dict
+    )  # title → /proc state letter (R, S, D, T, ...)
 
 
 @dataclass(frozen=True)

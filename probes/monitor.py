@@ -11,7 +11,10 @@ Suspicion speeds the probes up: until the first 200 `/health` is probed every `S
 work is in flight `/metrics` is scraped every `BUSY_SCRAPE_S` (the time of the last counter move is known to
 that precision), and every `SUSPECT_SCRAPE_S` once a scrape with work in flight saw no counter move; rank
 stacks are dumped once at each of `STACKS_AT` (fractions of `stall_after_s`) of a stall episode, so the strong
-evidence of `policies.diagnose` is there when its early threshold comes.
+evidence of `policies.diagnose` is there when its early threshold comes; a rank first seen frozen (stopped or in
+uninterruptible sleep, no CPU time) has `/health` probed at once (after the one in flight, if any), so a frozen
+idle engine is told by its first failed `/health` (SGLang answers 503 after its 20 s health timeout), not after
+`unresponsive_after_s`.
 """
 
 from __future__ import annotations
@@ -104,6 +107,8 @@ class Monitor:
         self._healthy_seen = False  # /health answered 200 in this launch (probe it at its own period then)
         self._pending: list[Observation] = []  # recorded by a running task, returned by the next tick
         self._cpu: dict[str, float] = {}
+        self._frozen: set[str] = set()  # ranks frozen in the newest reading
+        self._health_for_frozen = False  # a freeze began: probe /health as soon as none is in flight
         self._stacks_done: set[tuple[float, float]] = set()  # (episode, fraction) dumped
         self._gpu_busy_at: float | None = None
         self._logs.reset(now)
@@ -245,6 +250,10 @@ class Monitor:
         if tree is not None:
             ranks = observe_ranks(tree, self._cpu, now)
             self._cpu = dict(ranks_values(ranks).get("cpu_s", {}))
+            frozen = set(ranks_values(ranks).get("frozen", ()))
+            if frozen - self._frozen and self._healthy_seen:
+                self._health_for_frozen = True
+            self._frozen = frozen
             out.append(ranks)
         if self._gpu_read is not None:
             gpu = self._gpu.observe(self._gpu_read, now)
@@ -264,6 +273,9 @@ class Monitor:
         s = self.settings
         # Until the first 200 the port is closed or warming up: refusals and 503s are cheap, probe more often.
         first = not self._healthy_seen
+        if self._health_for_frozen and "health" not in self._tasks:
+            self._health_for_frozen = False
+            self._due["health"] = now
         self._launch(
             "health",
             now,

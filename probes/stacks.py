@@ -32,6 +32,9 @@ COLLECTIVES = (
     "synchronize",
 )
 IDLE = "recv_requests"
+# /proc state letters of a process that runs nothing until resumed: stopped (SIGSTOP), uninterruptible sleep.
+# `t` (traced) is left out: py-spy stops a rank for a moment while it reads its stack.
+FROZEN_STATES = frozenset({"T", "D"})
 _OUTPUT_LIMIT = 256 * 1024
 _FRAME = re.compile(r"^\s+(\S.*?) \((.*)\)\s*$")
 _THREAD = re.compile(r"^Thread (\d+)")
@@ -136,9 +139,12 @@ async def probe_stacks(pids: dict[int, str], budget_s: float) -> Observation:
 
 
 def observe_ranks(tree: TreeView, previous_cpu: dict[str, float], now: float) -> Observation:
-    """Every expected rank alive and not a zombie, with per-rank CPU time advancing or not (probe `ranks`)."""
+    """Every expected rank alive and not a zombie, with per-rank CPU time advancing or not and the ranks frozen
+    (stopped or in uninterruptible sleep, no CPU time since the previous reading) (probe `ranks`)."""
     cpu = dict(tree.rank_cpu_s)
     advancing = {t: cpu[t] > previous_cpu[t] for t in cpu if t in previous_cpu}
+    states = dict(tree.rank_states)
+    frozen = sorted(t for t, s in states.items() if s in FROZEN_STATES and advancing.get(t) is False)
     missing, zombie = list(tree.missing_ranks), list(tree.zombie_ranks)
     ok = tree.main_alive and not missing and not zombie
     if not tree.main_alive:
@@ -153,5 +159,9 @@ def observe_ranks(tree: TreeView, previous_cpu: dict[str, float], now: float) ->
         "zombie": zombie,
         "cpu_s": {t: round(v, 2) for t, v in cpu.items()},
         "cpu_advancing": advancing,
+        "states": states,
+        "frozen": frozen,
     }
+    if ok and frozen:
+        detail += f", frozen: {', '.join(f'{t}={states[t]}' for t in frozen)}"
     return Observation("ranks", now, ok, detail, 0.0, values)

@@ -61,6 +61,7 @@ class RankState:
     status: str  # "running" | "zombie" | "missing"
     cpu_time_s: float | None
     start_ticks: int | None = None  # the process's start time in clock ticks since boot (its identity)
+    state: str | None = None  # the state letter of /proc/<pid>/stat: R, S, D, T (stopped), t (traced), ...
 
 
 @dataclass(frozen=True)
@@ -294,7 +295,7 @@ def quick_snapshot(
         stat = _stat(seen.pid) if seen is not None and seen.pid is not None else None
         if seen is None or stat is None or stat[0] == "Z" or stat[2] != seen.start_ticks:
             return None
-        ranks.append(RankState(title, seen.pid, "running", stat[1], stat[2]))
+        ranks.append(RankState(title, seen.pid, "running", stat[1], stat[2], stat[0]))
     main = _stat(main_pid)
     if main is None or main[0] == "Z":
         return None
@@ -358,7 +359,7 @@ def _rank_state(title: str, pid: int | None, known_pid: int | None) -> RankState
     stat = _stat(pid)
     if stat is None:
         return RankState(title, None, "missing", None)
-    return RankState(title, pid, "running", stat[1], stat[2])
+    return RankState(title, pid, "running", stat[1], stat[2], stat[0])
 
 
 def _is_zombie(pid: int) -> bool:

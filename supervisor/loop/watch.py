@@ -96,6 +96,7 @@ class Watch:
             tuple(r.title for r in snap.ranks if r.status == "missing" and r.title in self.seen_ranks),
             tuple(r.title for r in snap.ranks if r.status == "zombie"),
             {r.title: r.cpu_time_s for r in snap.ranks if r.cpu_time_s is not None},
+            {r.title: r.state for r in snap.ranks if r.status == "running" and r.state},
         )
 
     def new_lines(self) -> list[str]:

@@ -84,3 +84,27 @@ def test_main_death_is_seen_by_the_first_poll_after_it(start_tree: Callable[...,
     assert not after.main_alive
     assert TreeEvent("main_exited", tree.main) in events
     assert set(tree.ranks.values()) <= {p.pid for p in after.marked}
+
+
+def test_a_stopped_rank_shows_its_state_letter_in_full_and_quick_snapshots(
+    start_tree: Callable[..., Tree],
+) -> None:
+    """SIGSTOP of a rank: its state letter reads `T` in a full scan and in the quick reads between scans."""
+    tree = start_tree("--ranks", "2", "--detokenizer")
+    titles = expected_rank_titles(2)
+    pid = tree.ranks["sglang::scheduler_TP1"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+
+        def state(snap: TreeSnapshot) -> str | None:
+            return next(r.state for r in snap.ranks if r.title == "sglang::scheduler_TP1")
+
+        wait_for(
+            lambda: state(proctree.snapshot(tree.main, tree.run_id, titles)) == "T", 10, "T in a full scan"
+        )
+        full = proctree.snapshot(tree.main, tree.run_id, titles)
+        quick = proctree.quick_snapshot(tree.main, titles, full)
+        assert quick is not None and state(quick) == "T"
+        assert {r.state for r in full.ranks if r.title != "sglang::scheduler_TP1"} <= {"R", "S"}
+    finally:
+        os.kill(pid, signal.SIGCONT)
