@@ -30,8 +30,10 @@ import psutil
 
 from benchmarks.common import parser, say, summary, write_result
 from supervisor.config import HttpConfig
+from supervisor.loop.commands import RungChange
 from supervisor.records.journal import IncidentJournal
 from supervisor.reporting.metrics import SupervisorMetrics
+from supervisor.reporting.readiness import Readiness
 from supervisor.reporting.status_http import StatusServer
 from tests.hardening.flood import SEEDED, write_journal
 from tests.support.daemon import ROOT
@@ -79,6 +81,12 @@ class Source:
 
     async def control(self, kind: str, server: str | None, reason: str, actor: str) -> dict[str, str]:
         raise KeyError(server or "")
+
+    async def control_rung(self, server: str, change: RungChange, reason: str, actor: str) -> dict[str, Any]:
+        raise KeyError(server)
+
+    def readiness(self, server: str | None) -> list[Readiness]:
+        return [Readiness("sim", True, "sim: serving")]
 
 
 def _scan() -> int:

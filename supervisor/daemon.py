@@ -112,6 +112,7 @@ class Daemon:
 
     def _state_changed(self) -> None:
         sdnotify.status(self.status_line())
+        self.status.changed()
 
     def targets(self, name: str | None) -> list[ServerLoop]:
         """The named server, or all of them."""

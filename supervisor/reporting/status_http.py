@@ -6,8 +6,9 @@ configured, 401 without or with a wrong bearer token (constant-time compare). No
 every body goes through `supervisor.redaction.hide`.
 
 The server shares the daemon's one event loop with supervision, so its clients' cost is bounded: `/status`,
-`/metrics` and the incident journal are rendered at most every `cache_s` and served as cached bytes
-(`status_cache`), and connections, request rate, request sizes and slow clients are limited (`admission`).
+`/metrics` and the incident journal are rendered at most every `cache_s` (and after each state change) and
+served as cached bytes (`status_cache`), and connections, request rate, request sizes and slow clients are limited
+(`admission`).
 `/healthz` and the readiness answers are computed on every request from the state the owners hold, which is
 O(servers): no probe is sent per request.
 """
@@ -226,7 +227,9 @@ class StatusServer:
         actor = str(body.get("actor") or request.headers.get("X-Actor") or "operator")[:100]
         return reason, actor
 
-    def _changed(self) -> None:
+    def changed(self) -> None:
+        """The state changed (a transition, an operator command): the next request of each document renders it
+        again, so a transition and the PID, incident and restarts that come with it show at once."""
         for cached in (self.status_body, self.metrics_body, self.journal):
             cached.invalidate()
 
@@ -242,7 +245,7 @@ class StatusServer:
             result = await self.source.control(action, str(server) if server else None, reason, actor)
         except KeyError:
             return web.json_response({"error": f"unknown server {server!r}"}, status=404)
-        self._changed()
+        self.changed()
         return web.json_response({"action": action, "servers": result})
 
     async def control_rung(self, request: web.Request) -> web.Response:
@@ -259,5 +262,5 @@ class StatusServer:
             return web.json_response({"error": f"unknown server {body.get('server')!r}"}, status=404)
         except RungRefused as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        self._changed()
+        self.changed()
         return web.json_response({"action": f"rung {body['action']}", **result})

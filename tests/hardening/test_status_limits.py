@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from supervisor.config import HttpConfig
+from supervisor.loop.commands import RungChange
 from supervisor.reporting.admission import BURST, Pacer
+from supervisor.reporting.readiness import Readiness
 from supervisor.reporting.status_http import StatusServer
 from tests.support.wait import wait_until
 
@@ -49,6 +51,12 @@ class Source:
     async def control(self, kind: str, server: str | None, reason: str, actor: str) -> dict[str, str]:
         self.commands.append(kind)
         return {"sim": "done"}
+
+    async def control_rung(self, server: str, change: RungChange, reason: str, actor: str) -> dict[str, Any]:
+        raise KeyError(server)
+
+    def readiness(self, server: str | None) -> list[Readiness]:
+        return [Readiness("sim", True, "sim: serving")]
 
 
 @asynccontextmanager
@@ -132,7 +140,7 @@ def test_requests_over_the_rate_wait_for_their_turn() -> None:
 
 
 def test_documents_are_rendered_once_per_period_and_after_a_command(tmp_path: Path) -> None:
-    """Many reads within cache_s: one render each; a control command makes the next read fresh."""
+    """Many reads within cache_s: one render each; a control command or a state change makes the next read fresh."""
 
     async def scenario(token: Path) -> None:
         source = Source(token)
@@ -152,6 +160,8 @@ def test_documents_are_rendered_once_per_period_and_after_a_command(tmp_path: Pa
             assert status == 200
             body = json.loads((await request(server.port, "/status"))[2])
             assert body["commands"] == ["pause"] and source.renders["status"] == 2
+            server.changed()  # what the daemon calls on every state transition
+            assert (await request(server.port, "/status"))[0] == 200 and source.renders["status"] == 3
 
     (tmp_path / "token").write_text("tok\n")
     asyncio.run(scenario(tmp_path / "token"))
