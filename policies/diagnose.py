@@ -8,8 +8,8 @@ Order of precedence (the first rule that holds decides; later rules only add not
                   While `starting` the same evidence is reported as `startup_failure`.
 4. `startup_failure` — an init death, port collision, /dev/shm bus error, graph-capture failure.
 5. `collective_hang` — work stalled AND (rank stacks in different collectives — a TP desync, tag `tp_desync` —,
-                  all in one collective, or GPUs spinning at ≥95 % utilisation on ≤35 % power); or an NCCL/Gloo
-                  collective timeout line.
+                  all in one collective, one blocked in a collective while a peer is frozen (`policies.frozen`),
+                  or GPUs spinning at ≥95 % utilisation on ≤35 % power); or an NCCL/Gloo collective timeout line.
                   Strong evidence decides early, after `STRONG_STALL_FRACTION` of `stall_after_s` (5 s of the
                   default 20 s): ranks in different collectives, every rank in one blocking collective, or GPUs
                   spinning in every GPU reading of that span (at least two). Weak evidence — frozen counters
@@ -23,10 +23,7 @@ Order of precedence (the first rule that holds decides; later rules only add not
                   disagreement) or `/server_info` naming another parser than expected.
 9. `health_unresponsive` — /health 503 or timing out for `unresponsive_after_s` (at least `health_failures` in a
                   row) AND no progress in that span; never while `starting` (503 is normal there).
-                  Strong evidence decides at the first failed /health: a rank frozen (stopped `T` or in
-                  uninterruptible sleep `D`, no CPU time; probe `ranks`) in every reading over the whole wait of
-                  that /health (tag `ranks_frozen`). The shape of an idle engine stuck in the driver or on a hung
-                  GPU: a busy server, however slow or starved of CPU, has its ranks running or sleeping (`R`/`S`).
+                  At the first failed /health when a rank stayed frozen through its wait (`policies.frozen`).
 10. `startup_stalled` — while `starting`: no progress line for `startup_silence_s`, or the startup budget (extended
                   while progress lines keep coming) is spent.
 11. `stream_leak` — markup leaks only under concurrent streaming: alert, degrade, never restart.
@@ -41,6 +38,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from policies.frozen import frozen_unresponsive, waiting_on_frozen
 from policies.model import (
     Fault,
     Observation,
@@ -202,6 +200,15 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
         sv = stacks_values(stacks)
         frames = sv.get("ranks", {})
         collectives = sorted({str(r["collective"]) for r in frames.values() if r.get("collective")})
+        blocked, stopped = waiting_on_frozen(frames, w.latest("ranks"), NOT_BLOCKING)
+        if stopped:  # a stopped rank's stack is where it stopped, not where it waits: it never votes
+            if not blocked:
+                return _spin_hang(w, ctx, now, onset, stall, full)
+            waits = ", ".join(f"{t} in {c}" for t, c in sorted(blocked.items()))
+            reason = f"{waits}, waiting on frozen {', '.join(stopped)}"
+            return _fault(
+                "collective_hang", reason, 0.9, onset=onset, stacks=frames, progress=stall, frozen=stopped
+            )
         if sv.get("diverging"):
             return _fault(
                 "collective_hang",
@@ -224,17 +231,23 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
                 progress=stall,
                 gpu_spin=_spinning(w),  # supporting evidence when the GPUs spin too
             )
+    return _spin_hang(w, ctx, now, onset, stall, full)
+
+
+def _spin_hang(
+    w: Window, ctx: DiagnoseContext, now: float, onset: float, stall: dict[str, Any], full: bool
+) -> Fault | None:
     spin = _spinning(w) if full else _spinning(w, now - ctx.settings.stall_after_s * STRONG_STALL_FRACTION)
-    if spin:
-        return _fault(
-            "collective_hang",
-            f"GPUs {spin} spin (high utilisation, idle power) with no progress",
-            0.8,
-            onset=onset,
-            gpu_spin=spin,
-            progress=stall,
-        )
-    return None
+    if not spin:
+        return None
+    return _fault(
+        "collective_hang",
+        f"GPUs {spin} spin (high utilisation, idle power) with no progress",
+        0.8,
+        onset=onset,
+        gpu_spin=spin,
+        progress=stall,
+    )
 
 
 def _pd_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
@@ -306,26 +319,9 @@ def _unresponsive(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
         if obs.ok or health_values(obs).get("refused"):
             break
         failing.append(obs)
-    frozen, span = w.frozen_through(failing[0]) if failing else ([], [])
-    if frozen:  # strong evidence: the first failed /health decides
-        newest, health = ranks_values(span[-1]), failing[0]
-        states = dict(newest.get("states", {}))
-        return _fault(
-            "health_unresponsive",
-            f"/health {health_values(health).get('status') or 'timed out'} after {health.latency_s or 0:.0f}s with "
-            f"ranks frozen throughout: {', '.join(f'{t} ({states.get(t)})' for t in frozen)}",
-            0.9,
-            onset=health.at - (health.latency_s or 0.0),
-            health={"statuses": [health_values(o).get("status") for o in reversed(failing)][-10:]},
-            ranks={
-                "frozen": frozen,
-                "states": states,
-                "cpu_s": dict(newest.get("cpu_s", {})),
-                "readings": len(span),
-            },
-            last_progress_at=w.last_progress_at(),
-            tags=["ranks_frozen"],
-        )
+    strong = frozen_unresponsive(w, failing)
+    if strong is not None:  # strong evidence: the first failed /health decides
+        return strong
     s = ctx.settings
     if len(failing) < s.health_failures:
         return None

@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from policies.model import Observation, logs_values, progress_values, ranks_values
-
-# the ranks probe reads every second: a freeze seen this soon after a /health began covers its whole wait
-FROZEN_COVER_S = 2.0
+from policies.model import Observation, logs_values, progress_values
 
 
 class Window:
@@ -42,15 +39,3 @@ class Window:
         ]
         known = [float(t) for t in times if t is not None]
         return max(known) if known else None
-
-    def frozen_through(self, health: Observation) -> tuple[list[str], list[Observation]]:
-        """The ranks frozen in every `ranks` reading over the wait of one /health (at least two readings, the
-        first within `FROZEN_COVER_S` of its start), and those readings."""
-        start = health.at - (health.latency_s or 0.0)
-        span = [o for o in self.all("ranks") if start <= o.at <= health.at]
-        if len(span) < 2 or span[0].at - start > FROZEN_COVER_S:
-            return [], span
-        frozen = set(ranks_values(span[0]).get("frozen", ()))
-        for obs in span[1:]:
-            frozen &= set(ranks_values(obs).get("frozen", ()))
-        return sorted(frozen), span

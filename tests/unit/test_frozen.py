@@ -150,3 +150,36 @@ async def test_a_rank_first_seen_frozen_has_health_probed_at_once(
         assert len(asked) == healthy + 1, "a /health right after the freeze was seen"
     finally:
         await monitor.aclose()
+
+
+def stalled_with_stacks(frames: dict[str, str | None], frozen: dict[str, str]) -> list[Observation]:
+    """Work stalled for a quarter of the window, stacks taken, the ranks probe showing `frozen` states."""
+    progress = Observation(
+        "progress", NOW, True, "stall", None,
+        {"stalled_s": 6.0, "work_reasons": ["generation_requests_active"], "last_progress_at": NOW - 6.0},
+    )  # fmt: skip
+    seen = set(frames.values())
+    stacks = Observation(
+        "stacks", NOW, True, "dumped", 1.0,
+        {"ranks": {t: {"collective": c} for t, c in frames.items()}, "diverging": len(seen - {None}) > 1,
+         "all_in": next(iter(seen)) if len(seen) == 1 else None},
+    )  # fmt: skip
+    states = {t: frozen.get(t, "S") for t in frames}
+    ranks = observe_ranks(
+        TreeView(rank_cpu_s=dict.fromkeys(frames, 1.0), rank_states=states), dict.fromkeys(frames, 1.0), NOW
+    )
+    return [progress, stacks, ranks]
+
+
+def test_a_rank_blocked_in_a_collective_while_its_peer_is_frozen_is_a_collective_hang_early() -> None:
+    """TP0 in all_reduce, TP1 stopped anywhere (its stack does not vote): collective_hang naming both."""
+    window = stalled_with_stacks({TP[0]: "all_reduce", TP[1]: None}, {TP[1]: "T"})
+    fault = diagnose(window, ctx(), NOW)
+    assert fault is not None and fault.kind == "collective_hang", fault
+    assert fault.evidence["frozen"] == [TP[1]] and "all_reduce" in fault.reason
+
+
+def test_every_rank_frozen_mid_collective_is_not_a_collective_hang() -> None:
+    """Every rank stopped, their stacks in all_reduce: where they stopped, not a wait; the wedge rule decides later."""
+    window = stalled_with_stacks({TP[0]: "all_reduce", TP[1]: "all_reduce"}, {TP[0]: "T", TP[1]: "T"})
+    assert diagnose(window, ctx(), NOW) is None
