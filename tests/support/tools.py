@@ -1,6 +1,7 @@
-"""Real Prometheus tools and etcd for tests, taken out of the Debian packages without installing any service.
+"""Real Prometheus tools, etcd and HAProxy for tests, taken out of the Debian packages without installing any
+service.
 
-`apt-get download prometheus prometheus-alertmanager etcd-server` into `~/.cache/sglang-supervisor/debs` (outside the
+`apt-get download prometheus prometheus-alertmanager etcd-server haproxy` (and HAProxy's libraries) into `~/.cache/sglang-supervisor/debs` (outside the
 clone), `dpkg-deb -x` each into the cache (staged, then renamed into place), and return the binary path. A file lock serialises concurrent
 pytest processes; a binary already extracted is reused.
 """
@@ -11,7 +12,7 @@ import fcntl
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,13 +53,20 @@ def _download(package: str) -> Path:
     return found[-1]
 
 
-def _ensure(package: str, binary: str) -> Path:
+def _ensure(package: str, binary: str, bindir: str = "usr/bin") -> Path:
+    path = CACHE / "root" / package / bindir / binary
+    if not path.exists():
+        _extract(package, lambda root: (root / bindir / binary).exists())
+    if not path.exists():
+        raise RuntimeError(f"{package} has no {bindir}/{binary}")
+    return path
+
+
+def _extract(package: str, done: Callable[[Path], bool]) -> Path:
+    """The package extracted into the cache (once: `done(root)` says whether it is there already)."""
     root = CACHE / "root" / package
-    path = root / "usr" / "bin" / binary
-    if path.exists():
-        return path
     with _locked():
-        if not path.exists():
+        if not done(root):
             deb = _download(package)
             staging = root.with_name(f"{package}.partial")
             shutil.rmtree(staging, ignore_errors=True)
@@ -68,9 +76,7 @@ def _ensure(package: str, binary: str) -> Path:
                 raise RuntimeError(f"dpkg-deb -x {deb.name} failed: {result.stderr.strip()[-500:]}")
             shutil.rmtree(root, ignore_errors=True)
             staging.rename(root)
-    if not path.exists():
-        raise RuntimeError(f"{package} has no usr/bin/{binary}")
-    return path
+    return root
 
 
 def ensure_promtool() -> Path:
@@ -110,3 +116,25 @@ def ensure_amtool() -> Path:
 def ensure_etcd() -> Path:
     """Path to the `etcd` server binary from the Debian `etcd-server` package."""
     return _ensure("etcd-server", "etcd")
+
+
+HAPROXY_LIBRARIES = {  # Debian package: the library of it HAProxy links (absent where the package is not installed)
+    "liblua5.3-0": "liblua5.3.so.0",
+    "libopentracing1": "libopentracing.so.1",
+    "libopentracing-c-wrapper0": "libopentracing-c-wrapper.so.0",
+}
+
+
+def ensure_haproxy() -> tuple[Path, dict[str, str]]:
+    """Path to `haproxy` from the Debian package, and the environment to run it with: `LD_LIBRARY_PATH` names
+    the directories of the libraries it links, extracted from their own packages likewise."""
+    binary = _ensure("haproxy", "haproxy", "usr/sbin")
+    dirs: list[str] = []
+    for package, library in HAPROXY_LIBRARIES.items():
+        pattern = f"usr/lib/*/{library}"
+        root = _extract(package, lambda root, pattern=pattern: any(root.glob(pattern)))
+        found = sorted(root.glob(pattern))
+        if not found:
+            raise RuntimeError(f"{package} has no {pattern}")
+        dirs.append(str(found[0].parent))
+    return binary, {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(dict.fromkeys(dirs))}
