@@ -70,7 +70,9 @@ def test_watch_keeps_trying_until_the_daemon_answers() -> None:
         text=True,
     )
     out: list[str] = []
-    reader = threading.Thread(target=lambda: out.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    stdout, stderr = proc.stdout, proc.stderr
+    assert stdout is not None and stderr is not None
+    reader = threading.Thread(target=lambda: out.extend(iter(stdout.readline, "")), daemon=True)
     reader.start()
     try:
         wait_for(
@@ -83,7 +85,7 @@ def test_watch_keeps_trying_until_the_daemon_answers() -> None:
     finally:
         proc.kill()
         proc.wait(timeout=10)
-    assert "Traceback" not in proc.stderr.read()  # type: ignore[union-attr]
+    assert "Traceback" not in stderr.read()
 
 
 def test_status_into_a_closed_pipe_ends_quietly() -> None:

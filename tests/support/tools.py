@@ -14,6 +14,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 CACHE = Path(os.environ.get("SGLSUP_TOOLS_CACHE", Path.home() / ".cache" / "sglang-supervisor"))
@@ -132,9 +133,13 @@ def ensure_haproxy() -> tuple[Path, dict[str, str]]:
     dirs: list[str] = []
     for package, library in HAPROXY_LIBRARIES.items():
         pattern = f"usr/lib/*/{library}"
-        root = _extract(package, lambda root, pattern=pattern: any(root.glob(pattern)))
+        root = _extract(package, partial(_holds, pattern=pattern))
         found = sorted(root.glob(pattern))
         if not found:
             raise RuntimeError(f"{package} has no {pattern}")
         dirs.append(str(found[0].parent))
     return binary, {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(dict.fromkeys(dirs))}
+
+
+def _holds(root: Path, pattern: str) -> bool:
+    return any(root.glob(pattern))
