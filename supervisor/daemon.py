@@ -45,6 +45,11 @@ log = structlog.get_logger()
 STALE_MIN_S = 10.0  # a server loop that has not beaten for max(this, 10 ticks) is wedged
 
 
+def _rungs(levels: dict[str, int]) -> str:
+    """`(collective_hang 1, oom 2)`: the active ladders and their levels ('' when none)."""
+    return f"({', '.join(f'{key} {level}' for key, level in sorted(levels.items()))})" if levels else ""
+
+
 class Daemon:
     """Owns every server of one host's deployment."""
 
@@ -103,11 +108,8 @@ class Daemon:
         return worst(loop.state for loop in self.loops)
 
     def status_line(self) -> str:
-        """One line for systemd's STATUS= and the logs."""
-        parts = [
-            f"{loop.name}={loop.state.value}" + (f"(rung {loop.rung})" if loop.rung else "")
-            for loop in self.loops
-        ]
+        """One line for systemd's STATUS= and the logs: each server's state and its active rungs, one per ladder."""
+        parts = [f"{loop.name}={loop.state.value}{_rungs(loop.owner.levels)}" for loop in self.loops]
         return f"{self.state.value}: " + " ".join(parts)
 
     def _state_changed(self) -> None:

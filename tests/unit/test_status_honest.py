@@ -88,7 +88,7 @@ def test_one_rung_entry_per_active_ladder_with_what_it_does() -> None:
 def body_after_fallback() -> dict[str, Any]:
     entries = rungs(KIMI[3:], {"collective_hang:spec_decode": 1, "oom": 2}, DEFAULT_LADDERS)
     return {
-        "status_line": "serving: kimi=serving(rung 2)",
+        "status_line": "serving: kimi=serving(collective_hang:spec_decode 1, oom 2)",
         "generated_at": 1.7e9,
         "servers": [
             {
@@ -118,6 +118,13 @@ def test_unreachable_screen_says_since_when() -> None:
     """While the daemon does not answer, the watch says since when and for how long."""
     text = unreachable(1.7e9, 1.7e9 + 42, "http://127.0.0.1:9", "Connection refused")
     assert re.match(r"daemon unreachable since \d\d:\d\d:\d\d \(42 s\)", text)
+
+
+def test_the_status_line_names_each_active_ladder(tmp_path: Path) -> None:
+    """systemd's STATUS= (and the screen's first line) names each active ladder and its level, not one rung."""
+    d = daemon(tmp_path, FakeHost(), FakeClock())
+    d.loops[0].owner.set_levels({"oom": 2, "collective_hang": 1})
+    assert d.status_line() == "stopped: sim=stopped(collective_hang 1, oom 2)"
 
 
 async def test_status_document_has_its_time_and_the_configured_argv(tmp_path: Path) -> None:
