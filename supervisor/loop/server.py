@@ -442,6 +442,7 @@ class ServerLoop:
         owner = self.owner
         last = self.svc.incidents.last(self.name)
         running, configured = list(owner.argv), list(self.cfg.argv)
+        flags = argv_view.flag_diff(configured, running)
         ladders = self.ladders
         run = owner.run
         return {
@@ -455,7 +456,7 @@ class ServerLoop:
             "run_id": owner.run_id or None,
             "argv": redact_argv(running),
             "configured_argv": redact_argv(configured),
-            "flags": argv_view.flag_diff(configured, running),
+            "flags": flags,
             "next_launch": argv_view.next_launch(running, self.current_argv()),
             "gpus": list(self.cfg.gpus),
             "restarts": owner.restart_count,
@@ -464,6 +465,7 @@ class ServerLoop:
                 "rung": owner.rung,
                 "levels": owner.levels,
                 "reason": last.reason if last else "",
+                "flags": argv_view.diff_words(flags),
                 "rungs": argv_view.rungs(self.cfg.args, owner.levels, ladders),
                 "ladders": argv_view.ladder_table(ladders),
             },

@@ -137,7 +137,9 @@ async def test_status_document_has_its_time_and_the_configured_argv(tmp_path: Pa
     assert doc["generated_at"] == clock.wall()
     server = doc["servers"][0]
     assert server["configured_argv"] == server["argv"]
-    assert server["flags"] == {"added": [], "removed": [], "changed": []}
+    assert (
+        server["flags"] == {"added": [], "removed": [], "changed": []} and server["fallback"]["flags"] == []
+    )
     assert server["next_launch"]["pending"] is False and server["fallback"]["rungs"] == []
     assert "collective_hang" in server["fallback"]["ladders"]
 
@@ -167,6 +169,10 @@ async def test_a_rung_set_takes_effect_at_the_next_launch_and_is_journaled(tmp_p
         await d.control("restart", "sim", "apply", "alice")
         await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
         assert "--disable-custom-all-reduce" in host.run.argv
+        assert loop.status()["fallback"]["flags"] == [
+            "+--disable-overlap-schedule",
+            "+--disable-custom-all-reduce",
+        ]
         assert loop.status()["next_launch"]["pending"] is False
         assert [r["key"] for r in loop.status()["fallback"]["rungs"]] == ["collective_hang"]
 
