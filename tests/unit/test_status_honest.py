@@ -192,3 +192,23 @@ async def test_a_rung_reset_with_restart_relaunches_with_the_configured_flags(tm
     assert ("collective_hang", 0) in loop.owner.history and ("oom", 0) in loop.owner.history
     actions = [i.action for i in d.svc.incidents.recent if i.fault == "operator"]
     assert actions == ["rung collective_hang 0, oom 0", "restart"]
+
+
+async def test_a_reload_shows_against_what_runs_and_takes_effect_at_the_next_launch(tmp_path: Path) -> None:
+    """After a reload that changes args, `flags` compares the new config with what runs (no stray value) and
+    `next_launch` is pending with the change; the relaunch applies it."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    async with running(d) as loop:
+        await until(lambda: loop.state is S.SERVING)
+        args = [*loop.cfg.args, "--mem-fraction-static", "0.80"]
+        loop.reconfigure(loop.cfg.model_copy(update={"args": tuple(args)}))
+        server = loop.status()
+        assert server["flags"]["removed"] == [["--mem-fraction-static", ["0.80"]]]
+        assert server["next_launch"]["added"] == [["--mem-fraction-static", ["0.80"]]]
+        assert server["next_launch"]["note"] == "takes effect at next launch"
+        assert "0.80" not in server["argv"] and "0.80" in server["configured_argv"]
+        await d.control("restart", "sim", "apply the reload", "alice")
+        await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
+        assert loop.status()["flags"] == {"added": [], "removed": [], "changed": []}
+        assert loop.status()["next_launch"]["pending"] is False
