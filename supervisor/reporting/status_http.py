@@ -183,7 +183,7 @@ class StatusServer:
     async def ready(self, request: web.Request) -> web.Response:
         """200 when every server is serving and proven, else 503 with a line per server that is not."""
         ok, text = overall(self.source.readiness(None))
-        return web.Response(text=text + "\n", status=200 if ok else 503)
+        return web.Response(text=str(hide(text)) + "\n", status=200 if ok else 503)
 
     async def server_ready(self, request: web.Request) -> web.Response:
         """200 when this server is serving and proven, else 503; one line that says why; 404 if unknown."""
@@ -192,7 +192,7 @@ class StatusServer:
             (found,) = self.source.readiness(name)
         except KeyError:
             return web.Response(text=f"unknown server {name!r}\n", status=404)
-        return web.Response(text=found.line + "\n", status=200 if found.ready else 503)
+        return web.Response(text=str(hide(found.line)) + "\n", status=200 if found.ready else 503)
 
     async def _authorized_body(self, request: web.Request) -> dict[str, Any] | web.Response:
         """The JSON object of a control request whose bearer token matches; else the answer that refuses it."""
