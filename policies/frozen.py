@@ -2,8 +2,9 @@
 until someone resumes it (a SIGSTOP, a rank stuck in the driver). A busy server, however slow or starved of CPU,
 has its ranks running or sleeping (`R`/`S`), so a frozen rank is never load.
 
-- A `/health` that failed while a rank stayed frozen through its whole wait: the idle engine is frozen, decided at
-  that first failure (`health_unresponsive`, tag `ranks_frozen`) instead of after `unresponsive_after_s`.
+- A `/health` that failed while a rank stayed frozen through its whole wait, nothing in flight: the idle engine is
+  frozen, decided at that first failure (`health_unresponsive`, tag `ranks_frozen`) instead of after
+  `unresponsive_after_s`.
 - A rank blocked in a collective while a peer is frozen waits for a peer that never comes (`collective_hang`);
   the stack of a frozen rank is where it stopped, not where it waits, so it never votes.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from policies.model import Fault, Observation, health_values, ranks_values
+from policies.model import Fault, Observation, health_values, progress_values, ranks_values
 from policies.window import Window
 
 FROZEN_COVER_S = (
@@ -35,8 +36,10 @@ def frozen_through(w: Window, health: Observation) -> tuple[list[str], list[Obse
 
 
 def frozen_unresponsive(w: Window, failing: Sequence[Observation]) -> Fault | None:
-    """`health_unresponsive` when the newest of the failing /health probes (newest first) waited on frozen ranks."""
-    if not failing:
+    """`health_unresponsive` when the newest of the failing /health probes (newest first) waited on frozen ranks
+    and nothing is in flight (with work in flight, the stall rules name the fault: a wedge, a collective hang)."""
+    progress = w.latest("progress")
+    if not failing or (progress is not None and progress_values(progress).get("work")):
         return None
     health = failing[0]
     frozen, span = frozen_through(w, health)

@@ -94,6 +94,13 @@ def test_a_rank_stopped_for_a_moment_is_not_frozen_throughout() -> None:
     assert diagnose([*readings, health_503()], ctx(), NOW) is None
 
 
+def test_frozen_ranks_with_work_in_flight_are_left_to_the_stall_rules() -> None:
+    """Requests in flight, every rank frozen through a failed /health: not this rule's (decode_wedge decides)."""
+    busy = Observation("progress", NOW, True, "work", None, {"work": True, "stalled_s": 3.0})
+    window = [*ranks_readings(NOW - 21, NOW, {t: "T" for t in TP}), health_503(), busy]
+    assert diagnose(window, ctx(), NOW) is None
+
+
 def test_frozen_ranks_while_starting_are_left_to_the_startup_rules() -> None:
     """While starting /health 503 is normal: a frozen rank then is not health_unresponsive."""
     window = [*ranks_readings(NOW - 21, NOW, {t: "T" for t in TP}), health_503()]
