@@ -43,6 +43,10 @@ PROBES: dict[str, Any] = {
     "stream_canary_period_s": 3600,
 }
 
+# The product defaults but the load canary: its streams ask for different cities and the scripted models answer
+# Paris to every prompt, a false `stream_leak` (alert-only) that only these models make.
+NO_LOAD_CANARY: dict[str, Any] = {"stream_canary_period_s": 0}
+
 
 def tiny_models(python: Path, timeout_s: float = 600) -> Path:
     """Build the models with the serving venv's interpreter into a cache dir keyed by the builder's hash."""
@@ -79,6 +83,7 @@ class RealDeployment(Deployment):
     models: Path = Path()
     model_name: str = SCRIPTED
     name: str = "real"
+    tuned_probes: bool = True  # False: the product's default probe settings (only `probes` overrides them)
 
     @property
     def model_dir(self) -> Path:
@@ -117,7 +122,10 @@ class RealDeployment(Deployment):
             "[servers.env]",
             *(f"{k} = {q(v)}" for k, v in env.items()),
             "[servers.probes]",
-            *(f"{k} = {json.dumps(v)}" for k, v in {**PROBES, **self.probes}.items()),
+            *(
+                f"{k} = {json.dumps(v)}"
+                for k, v in {**(PROBES if self.tuned_probes else {}), **self.probes}.items()
+            ),
             "[servers.policy]",
             *(f"{k} = {toml_value(v)}" for k, v in self.policy.items()),
         ]

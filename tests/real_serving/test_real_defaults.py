@@ -1,0 +1,134 @@
+"""The daemon with the product's DEFAULT probe settings against one real tp-2 SGLang server, shared by this module.
+
+What a user runs: no tuned probes (`/health` every 10 s, metrics every 5 s, `stall_after_s` 20, the canary every
+5 min) — but the load canary off: it asks each of its 32 streams for another city, and the scripted model answers
+Paris to every prompt (a false `stream_leak`, alert-only, that only this model makes). The tests run in file order
+on the same deployment, each starting from `serving` and leaving it serving again (each fault costs one real
+relaunch, ~60 s on 2 cores): SGLang's own benchmark client at 8 concurrent streams (no incident, every request
+served), then an idle freeze, a collective hang, a decode wedge and a rank kill, each diagnosed as itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from probes.stacks import IDLE, classify, parse_dump
+from tests.real_serving.load import ServingLoad
+from tests.real_serving.support import (
+    NO_LOAD_CANARY,
+    READY_S,
+    SCRIPTED_REASONING,
+    InFlight,
+    RealDeployment,
+    metric,
+    real_deployment,
+    serving,
+    wait_running,
+)
+from tests.support.wait import wait_for
+
+
+@pytest.fixture(scope="module")
+def dep(
+    tmp_path_factory: pytest.TempPathFactory, serving_python: Path, models: Path
+) -> Iterator[RealDeployment]:
+    """The real tp-2 deployment with the family's parsers and the default probe settings, its daemon started."""
+    root = tmp_path_factory.mktemp("real-defaults")
+    kw = {"tp": 2, "python": serving_python, "models": models, "model_name": SCRIPTED_REASONING}
+    with real_deployment(
+        root, parsers=("qwen", "qwen3"), tuned_probes=False, probes=NO_LOAD_CANARY, **kw
+    ) as d:
+        d.start()
+        yield d
+
+
+def serving_again(dep: RealDeployment, old_pid: int, what: str) -> dict[str, Any]:
+    """Wait for `serving` under a main PID other than `old_pid`."""
+    return dep.wait(lambda s: serving(s) and s["pid"] != old_pid, timeout=READY_S, what=what)
+
+
+def test_sglang_benchmark_client_at_8_concurrent_is_served_with_no_incident(
+    dep: RealDeployment, serving_python: Path
+) -> None:
+    """`sglang.benchmark.serving` (random ids, 8 concurrent, 32 requests): every request served, no incident."""
+    first = dep.wait(serving, timeout=READY_S, what="serving")
+    incidents = len(dep.incidents())
+    load = ServingLoad(serving_python, dep.sim_url, dep.model_dir, dep.root / "load.jsonl").start()
+    try:
+        result = load.wait(timeout_s=900)
+    finally:
+        load.stop()
+    assert result["failed"] == 0 and result["completed"] == result["requests"], result
+    after = dep.server()
+    assert after["state"] == "serving" and after["pid"] == first["pid"]
+    assert len(dep.incidents()) == incidents, dep.incidents()[incidents:]
+
+
+def idle(dep: RealDeployment) -> dict[str, Any]:
+    """Serving, no canary of ours in flight and nothing running."""
+
+    def quiet() -> bool:
+        s = dep.server()
+        ours = {"canary_tool", "canary_stream"} & set((s.get("probes") or {}).get("in_flight", ()))
+        return serving(s) and not ours and metric(dep.sim_url, "sglang:num_running_reqs") == 0
+
+    wait_for(quiet, READY_S, "serving and idle", interval=0.5)
+    return dep.server()
+
+
+def test_every_rank_of_the_idle_server_stopped_is_health_unresponsive_on_frozen_ranks(
+    dep: RealDeployment,
+) -> None:
+    """Idle, every rank SIGSTOPped (a GPU hang's shape): health_unresponsive on the first failed /health, the
+    ranks' `T` state as evidence; relaunched and serving."""
+    first = idle(dep)
+    for proc in dep.ranks(first["pid"]).values():
+        proc.suspend()
+    again = serving_again(dep, first["pid"], "relaunched after the idle freeze")
+    incident = again["last_incident"]
+    assert incident["fault"] == "health_unresponsive", incident
+    evidence = incident["evidence"]
+    assert "ranks_frozen" in evidence["tags"] and evidence["health"]["statuses"] == [503], evidence
+    assert {"sglang::scheduler_TP0", "sglang::scheduler_TP1"} <= set(evidence["ranks"]["frozen"])
+
+
+def test_rank_stopped_mid_request_is_a_collective_hang_naming_the_gloo_collective(
+    dep: RealDeployment,
+) -> None:
+    """SIGSTOP of scheduler_TP1 with a request decoding: TP0 waits in a gloo collective → collective_hang with
+    that collective in the evidence, relaunched."""
+    first = dep.wait(serving, timeout=READY_S, what="serving")
+    with InFlight(dep.sim_url, n=1):
+        wait_running(dep.sim_url, 1, timeout=300)
+        dep.ranks(first["pid"])["sglang::scheduler_TP1"].suspend()
+        again = serving_again(dep, first["pid"], "relaunched after the hang")
+    incident = again["last_incident"]
+    assert incident["fault"] == "collective_hang", incident
+    tp0 = (Path(incident["forensics_path"]) / "stack-sglang_scheduler_TP0.txt").read_text()
+    collective, _ = classify(parse_dump(tp0)[0])
+    assert collective is not None and collective != IDLE, f"py-spy shows TP0 blocked in a collective:\n{tp0}"
+    assert collective in json.dumps(incident["evidence"]), (collective, incident["evidence"])
+
+
+def test_all_ranks_stopped_with_requests_in_flight_is_a_decode_wedge(dep: RealDeployment) -> None:
+    """Requests decoding, every rank SIGSTOPped: no token progress for stall_after_s → decode_wedge, relaunched."""
+    first = dep.wait(serving, timeout=READY_S, what="serving")
+    with InFlight(dep.sim_url, n=2):
+        wait_running(dep.sim_url, 1, timeout=300)
+        for proc in dep.ranks(first["pid"]).values():
+            proc.suspend()
+        again = serving_again(dep, first["pid"], "relaunched after the wedge")
+    assert again["last_incident"]["fault"] == "decode_wedge", again["last_incident"]
+
+
+def test_scheduler_rank_killed_is_a_crash(dep: RealDeployment) -> None:
+    """SIGKILL of scheduler_TP1: a crash with the lost rank in the evidence, relaunched."""
+    first = dep.wait(serving, timeout=READY_S, what="serving")
+    dep.ranks(first["pid"])["sglang::scheduler_TP1"].kill()
+    incident = serving_again(dep, first["pid"], "relaunched after the rank kill")["last_incident"]
+    assert incident["fault"] == "crash" and "scheduler_TP1" in json.dumps(incident["evidence"]), incident
