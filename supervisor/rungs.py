@@ -10,9 +10,12 @@ once with `--restart` (a planned restart).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from supervisor.loop.commands import RungChange
+from supervisor.loop.commands import Command, RungChange
+
+if TYPE_CHECKING:
+    from supervisor.loop.context import Loop
 
 ACTIONS = ("show", "reset", "set")
 
@@ -81,3 +84,18 @@ def show_lines(server: Mapping[str, Any]) -> list[str]:
     if pending.get("pending"):
         lines.append(f"  next launch: {'  '.join(diff_words(pending))}  ({pending.get('note', '')})")
     return lines
+
+
+def apply_rung(loop: Loop, cmd: Command, change: RungChange) -> None:
+    """An operator's ladder level, through the owner (journaled with who and why) for the next launch; with
+    `restart` the command goes on as a planned restart. The history records the level, so a returning fault
+    steps one rung past it."""
+    levels = loop.owner.levels
+    keys = [change.ladder] if change.ladder is not None else sorted(levels)
+    for key in keys:
+        loop.owner.set_levels({**levels, key: change.level}, (key, change.level))
+        levels = loop.owner.levels
+    what = ", ".join(f"{key} {change.level}" for key in keys) or "no active ladder"
+    loop.operator_entry(f"rung {what}", cmd)
+    if change.restart:
+        cmd.kind = "restart"  # carried out as an operator restart, with the new levels

@@ -27,7 +27,7 @@ from policies.ladders import PastIncident, Rung, apply_rungs
 from policies.model import Fault, Observation
 from policies.parsers_table import ExpectedParsers
 from policies.pd import Role, restart_order
-from policies.plan import PARSER_KEY, Plan, build_argv, first_launch_parsers, parser_ladder
+from policies.plan import PARSER_KEY, Plan, build_argv, parser_ladder
 from policies.spec import spec_hash
 from policies.states import ServerState, resume_target
 from policies.triage import PlanFacts, plan
@@ -35,14 +35,15 @@ from supervisor.config import ServerConfig
 from supervisor.host import proctree
 from supervisor.host.flaghelp import HelpUnavailable
 from supervisor.host.launcher import SpawnFailed
-from supervisor.loop import adoption, recovery
-from supervisor.loop.commands import Command, Outcome, RungChange
+from supervisor.loop import adoption, first_launch, recovery
+from supervisor.loop.commands import Command, Outcome
 from supervisor.loop.grouped import run_grouped
 from supervisor.loop.owner import ServerOwner
 from supervisor.loop.services import Services
+from supervisor.loop.status_view import server_status
 from supervisor.loop.watch import Watch
 from supervisor.packaged import version
-from supervisor.reporting import argv_view
+from supervisor.rungs import apply_rung
 
 S = ServerState
 WAIT_POLL_S = 0.5
@@ -211,10 +212,10 @@ class ServerLoop:
         if self.svc.group is not None and group is not None and group.server == self.name:
             await run_grouped(self, self.svc.group)  # the group decides every stop and launch
             return
-        self.adopt_interrupted()
+        first_launch.adopt_interrupted(self)
         await self.learn_flags()
         if not await adoption.adopt_previous(self, version()):
-            self.fix_parsers_before_launch()
+            first_launch.fix_parsers(self)
         while not self.stopping:
             try:
                 await self.step()
@@ -258,31 +259,6 @@ class ServerLoop:
         )
         await self.wait_for_operator()
 
-    def fix_parsers_before_launch(self) -> None:
-        """`parser_policy = "fix"` and the args lack the family's parsers: the first launch already has them (a
-        warning in the journal) instead of a relaunch after a full model load."""
-        expected = self.cfg.expected_parsers()
-        fix = first_launch_parsers(
-            self.cfg.args,
-            ExpectedParsers(*expected) if expected is not None else None,
-            self.cfg.policy.parser_policy,
-            self.owner.levels,
-        )
-        if fix is None or self.cfg.role is Role.ROUTER:
-            return
-        self.owner.set_levels(fix.levels, (PARSER_KEY, 1))
-        self.log.warning("launch.parsers_fixed", reason=fix.reason)
-        self.svc.incidents.notice(
-            self.name,
-            self.clock.wall(),
-            "parser_misconfig",
-            "fixed before launch",
-            fix.reason,
-            {"probe": "config", "args": redact_argv(list(self.cfg.args))},
-            self.cfg.argv,
-            0,
-        )
-
     async def launch(self) -> SpawnFailed | None:
         """Start the server in a new session with a fresh run id; the failure when it cannot start."""
         run_id = uuid.uuid4().hex[:12]
@@ -315,17 +291,6 @@ class ServerLoop:
         if failed is not None:
             return recovery.spawn_failure(self, failed)
         return await self._watch.run()
-
-    def adopt_interrupted(self) -> None:
-        """A recovery a dead daemon left unfinished: journaled as interrupted, completed by this daemon's launch."""
-        found = self.owner.interrupted_incident()
-        if not found:
-            return
-        incident = self.svc.incidents.interrupted(found, self.clock.wall())
-        if incident is not None:
-            age = max(0.0, self.clock.wall() - incident.detected_at)
-            self.owner.open_incident(incident, self.clock.monotonic() - age)
-        self.svc.save_state()
 
     def became_serving(self, unproven: str) -> None:
         """Startup proven (or serving unproven): serving; resolve the open incident; PD follow-ups."""
@@ -382,23 +347,9 @@ class ServerLoop:
         elif cmd.kind == "stop":
             self.stopping = True
         elif cmd.kind == "rung" and cmd.rung is not None:
-            self.change_rung(cmd, cmd.rung)
+            apply_rung(self, cmd, cmd.rung)
         cmd.answer("restarting" if cmd.kind == "restart" else cmd.kind)
         return cmd.kind
-
-    def change_rung(self, cmd: Command, change: RungChange) -> None:
-        """An operator's ladder level, through the owner (journaled with who and why) for the next launch; with
-        `restart` the command goes on as a planned restart. The history records the level, so a returning fault
-        steps one rung past it."""
-        levels = self.owner.levels
-        keys = [change.ladder] if change.ladder is not None else sorted(levels)
-        for key in keys:
-            self.owner.set_levels({**levels, key: change.level}, (key, change.level))
-            levels = self.owner.levels
-        what = ", ".join(f"{key} {change.level}" for key in keys) or "no active ladder"
-        self.operator_entry(f"rung {what}", cmd)
-        if change.restart:
-            cmd.kind = "restart"  # carried out as an operator restart, with the new levels
 
     def operator_entry(self, action: str, cmd: Command) -> None:
         """A control action in the journal, with who and why."""
@@ -437,39 +388,5 @@ class ServerLoop:
 
     # ---- status --------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        """This server in `/status` (secrets redacted): the running argv against the configured one as flags,
-        what the next launch changes, one entry per active ladder."""
-        owner = self.owner
-        last = self.svc.incidents.last(self.name)
-        running, configured = list(owner.argv), list(self.cfg.argv)
-        flags = argv_view.flag_diff(configured, running)
-        ladders = self.ladders
-        run = owner.run
-        return {
-            "name": self.name,
-            "role": self.cfg.role.value,
-            "state": owner.state.value,
-            "since": owner.since,
-            "reason": owner.reason,
-            "unproven": owner.unproven or None,
-            "pid": run.pid if run else None,
-            "run_id": owner.run_id or None,
-            "argv": redact_argv(running),
-            "configured_argv": redact_argv(configured),
-            "flags": flags,
-            "next_launch": argv_view.next_launch(running, self.current_argv()),
-            "gpus": list(self.cfg.gpus),
-            "restarts": owner.restart_count,
-            "adopted": owner.adopted,
-            "fallback": {
-                "rung": owner.rung,
-                "levels": owner.levels,
-                "reason": last.reason if last else "",
-                "flags": argv_view.diff_words(flags),
-                "rungs": argv_view.rungs(self.cfg.args, owner.levels, ladders),
-                "ladders": argv_view.ladder_table(ladders),
-            },
-            "probes": self._watch.snapshot(),
-            "startup": self._watch.startup_view(),
-            "last_incident": last.to_json() if last else None,
-        }
+        """This server in `/status` (supervisor.loop.status_view)."""
+        return server_status(self)
