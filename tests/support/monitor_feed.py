@@ -24,6 +24,7 @@ class SimTree:
     missing_ranks: list[str]
     zombie_ranks: list[str]
     rank_cpu_s: dict[str, float]
+    rank_states: dict[str, str]  # title → /proc state letter (R, S, D, T, ...)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class MonitorFeed:
             [f"sglang::scheduler_TP{i}" for i in range(self.tp)] if self.tp > 1 else ["sglang::scheduler"]
         )
         cpu: dict[str, float] = {}
+        states: dict[str, str] = {}
         zombie: list[str] = []
         for title, proc in ranks.items():
             with contextlib.suppress(psutil.Error):
@@ -75,9 +77,10 @@ class MonitorFeed:
                     continue
                 times = proc.cpu_times()
                 cpu[title] = times.user + times.system
+                states[title] = _state_letter(proc.pid)
         alive = self.sim.proc.poll() is None
         missing = [t for t in expected if t not in ranks]
-        return SimTree(alive, missing, zombie, cpu)
+        return SimTree(alive, missing, zombie, cpu, states)
 
     def pids(self) -> dict[int, str]:
         """pid -> title of every scheduler rank."""
@@ -108,3 +111,14 @@ def monitored_sim(
     args = ["--model-path", model, "--tp-size", str(tp), "--enable-metrics", *extra]
     with launched_sim(tmp_path, *args, env=child_env, ready=False) as sim:
         yield MonitorFeed(sim, tp)
+
+
+def _state_letter(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat ("?" when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read(4096)
+    except OSError:
+        return "?"
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    return fields[0].decode() if fields else "?"
