@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--freezes", type=int, default=3, help="--load: idle freezes for the p50 (each a relaunch)"
     )
+    p.add_argument("--only", nargs="*", default=[], help="--load: these faults (load:NAME under load)")
     args = p.parse_args(argv)
     python, models = _setup()
     report: dict[str, Any] = {"tp": 2 if args.load else args.tp, "quick": args.quick}
