@@ -201,14 +201,14 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
         frames = sv.get("ranks", {})
         collectives = sorted({str(r["collective"]) for r in frames.values() if r.get("collective")})
         blocked, stopped = waiting_on_frozen(frames, w.latest("ranks"), NOT_BLOCKING)
-        if stopped:  # a stopped rank's stack is where it stopped, not where it waits: it never votes
-            if not blocked:
-                return _spin_hang(w, ctx, now, onset, stall, full)
+        if blocked:
             waits = ", ".join(f"{t} in {c}" for t, c in sorted(blocked.items()))
             reason = f"{waits}, waiting on frozen {', '.join(stopped)}"
             return _fault(
                 "collective_hang", reason, 0.9, onset=onset, stacks=frames, progress=stall, frozen=stopped
             )
+        if stopped:  # a stopped rank's stack is where it stopped, not where it waits: no stack votes
+            sv = {}
         if sv.get("diverging"):
             return _fault(
                 "collective_hang",
@@ -231,23 +231,17 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
                 progress=stall,
                 gpu_spin=_spinning(w),  # supporting evidence when the GPUs spin too
             )
-    return _spin_hang(w, ctx, now, onset, stall, full)
-
-
-def _spin_hang(
-    w: Window, ctx: DiagnoseContext, now: float, onset: float, stall: dict[str, Any], full: bool
-) -> Fault | None:
     spin = _spinning(w) if full else _spinning(w, now - ctx.settings.stall_after_s * STRONG_STALL_FRACTION)
-    if not spin:
-        return None
-    return _fault(
-        "collective_hang",
-        f"GPUs {spin} spin (high utilisation, idle power) with no progress",
-        0.8,
-        onset=onset,
-        gpu_spin=spin,
-        progress=stall,
-    )
+    if spin:
+        return _fault(
+            "collective_hang",
+            f"GPUs {spin} spin (high utilisation, idle power) with no progress",
+            0.8,
+            onset=onset,
+            gpu_spin=spin,
+            progress=stall,
+        )
+    return None
 
 
 def _pd_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
