@@ -36,17 +36,17 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from policies.canary_faults import parser_fault, stream_leak_fault
 from policies.frozen import frozen_unresponsive, waiting_on_frozen
 from policies.model import (
     Fault,
     Observation,
     ProbeSettings,
-    canary_values,
     gpu_values,
     health_values,
     logs_values,
+    make_fault,
     progress_values,
     ranks_values,
     stacks_values,
@@ -78,23 +78,12 @@ class DiagnoseContext:
     ] = ()  # a decode: each prefill's newest progress (None: not serving)
 
 
-def _fault(
-    kind: str,
-    reason: str,
-    confidence: float,
-    onset: float | None = None,
-    **evidence: Any,
-) -> Fault:
-    tags = [t for t in evidence.pop("tags", ()) if t]
-    return Fault(kind, {**evidence, "tags": tags}, confidence, reason, onset)
-
-
 def _log_fault(w: Window, kind: str, confidence: float, as_kind: str | None = None) -> Fault | None:
     hits = w.hits(kind)
     if not hits:
         return None
     at, first = hits[0]
-    return _fault(
+    return make_fault(
         as_kind or kind,
         f"log: {first['line'][:160]}",
         confidence,
@@ -108,7 +97,7 @@ def _gpu_fault(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     for obs in reversed(w.all("gpu")):
         fatal = [x for x in gpu_values(obs).get("xids", ()) if int(x.get("xid", 0)) in FATAL_XIDS]
         if fatal:
-            return _fault(
+            return make_fault(
                 "gpu_fault",
                 f"fatal Xid {fatal[0]['xid']} on GPU {fatal[0].get('index')}",
                 0.95,
@@ -129,11 +118,11 @@ def _crash(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     if ranks is not None:
         v = ranks_values(ranks)
         if not v.get("main_alive", True):
-            return _fault(kind, "the main process is gone", 0.95, onset=ranks.at, ranks=dict(v))
+            return make_fault(kind, "the main process is gone", 0.95, onset=ranks.at, ranks=dict(v))
         missing = list(v.get("missing", ()))  # only ranks that had appeared (the loop's one rule)
         if missing or v.get("zombie"):
             lost = [*missing, *v.get("zombie", ())]
-            return _fault(
+            return make_fault(
                 kind,
                 f"ranks lost while the main process lives: {', '.join(lost)}",
                 0.9,
@@ -146,7 +135,7 @@ def _crash(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     for obs in reversed(w.all("gpu")):
         xids = [x for x in gpu_values(obs).get("xids", ()) if int(x.get("xid", 0)) in CRASH_XIDS]
         if xids:
-            return _fault(
+            return make_fault(
                 kind,
                 f"Xid {xids[0]['xid']}: the GPU context faulted",
                 0.6,
@@ -204,13 +193,13 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
         if blocked:
             waits = ", ".join(f"{t} in {c}" for t, c in sorted(blocked.items()))
             reason = f"{waits}, waiting on frozen {', '.join(stopped)}"
-            return _fault(
+            return make_fault(
                 "collective_hang", reason, 0.9, onset=onset, stacks=frames, progress=stall, frozen=stopped
             )
         if stopped:  # a stopped rank's stack is where it stopped, not where it waits: no stack votes
             sv = {}
         if sv.get("diverging"):
-            return _fault(
+            return make_fault(
                 "collective_hang",
                 f"ranks blocked in different collectives: {', '.join(collectives)}",
                 0.95,
@@ -222,7 +211,7 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
         all_in = sv.get("all_in")
         blocking = all_in is not None and all_in not in NOT_BLOCKING
         if blocking or (full and all_in and all_in != "recv_requests"):
-            return _fault(
+            return make_fault(
                 "collective_hang",
                 f"every rank blocked in {all_in} with no progress",
                 0.85,
@@ -233,7 +222,7 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
             )
     spin = _spinning(w) if full else _spinning(w, now - ctx.settings.stall_after_s * STRONG_STALL_FRACTION)
     if spin:
-        return _fault(
+        return make_fault(
             "collective_hang",
             f"GPUs {spin} spin (high utilisation, idle power) with no progress",
             0.8,
@@ -255,7 +244,7 @@ def _pd_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     idle = prefills_idle(ctx.prefills, since=progress.at - pd_stalled)
     if pd_stalled < ctx.settings.stall_after_s * (STRONG_STALL_FRACTION if idle else 1.0):
         return None
-    return _fault(
+    return make_fault(
         "pd_transfer_wedge",
         f"transfer queue stuck at {v.get('pd_queue')} for {pd_stalled:.0f}s, no decode progress"
         + (", every prefill idle" if idle else ""),
@@ -272,7 +261,7 @@ def _decode_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     if progress is not None:
         v = progress_values(progress)
         stacks = w.latest("stacks")
-        return _fault(
+        return make_fault(
             "decode_wedge",
             f"work in flight ({', '.join(v.get('work_reasons', ()))}) and no token progress for "
             f"{float(v.get('stalled_s', 0.0)):.0f}s",
@@ -288,21 +277,6 @@ def _decode_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
             stacks=stacks_values(stacks).get("ranks") if stacks else None,
         )
     return _log_fault(w, "decode_wedge", 0.8)
-
-
-def _parser(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
-    for probe in ("config_check", "canary_tool", "canary_reasoning"):
-        obs = w.latest(probe)
-        if obs is not None and canary_values(obs).get("verdict") == "fail":
-            return _fault(
-                "parser_misconfig",
-                f"{probe}: {obs.detail}",
-                0.95 if probe != "config_check" else 0.9,
-                onset=obs.at,
-                probe=probe,
-                values=dict(obs.values),
-            )
-    return None
 
 
 def _unresponsive(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
@@ -326,7 +300,7 @@ def _unresponsive(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     if last is not None and last >= since:
         return None
     codes = [health_values(o).get("status") for o in reversed(failing)]
-    return _fault(
+    return make_fault(
         "health_unresponsive",
         f"/health failing for {now - since:.0f}s ({len(failing)} probes) with no progress",
         0.8,
@@ -353,11 +327,11 @@ def _startup_stalled(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
         "progress_line": logs_values(logs).get("progress_line") if logs else None,
     }
     if silent >= s.startup_silence_s:
-        return _fault(
+        return make_fault(
             "startup_stalled", f"no startup progress for {silent:.0f}s", 0.8, onset=last, startup=evidence
         )
     if now >= deadline:
-        return _fault(
+        return make_fault(
             "startup_stalled",
             f"startup budget of {s.startup_budget_s:.0f}s spent",
             0.8,
@@ -365,19 +339,6 @@ def _startup_stalled(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
             startup=evidence,
         )
     return None
-
-
-def _stream_leak(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
-    obs = w.latest("canary_stream")
-    if obs is None or canary_values(obs).get("verdict") != "fail":
-        return None
-    return _fault(
-        "stream_leak",
-        f"canary_stream: {obs.detail}",
-        0.9,
-        onset=obs.at,
-        canary_stream=dict(obs.values),
-    )
 
 
 _RULES = (
@@ -388,10 +349,10 @@ _RULES = (
     _collective_hang,
     _pd_wedge,
     _decode_wedge,
-    _parser,
+    lambda w, ctx, now: parser_fault(w),
     _unresponsive,
     _startup_stalled,
-    _stream_leak,
+    lambda w, ctx, now: stream_leak_fault(w),
 )
 
 

@@ -51,6 +51,14 @@ class Fault:
     onset_at: float | None = None  # monotonic: when the fault began, as far as the evidence tells
 
 
+def make_fault(
+    kind: str, reason: str, confidence: float, onset: float | None = None, **evidence: Any
+) -> Fault:
+    """A Fault whose evidence is the keyword arguments, with its `tags` (for the ladders) cleaned of blanks."""
+    tags = [t for t in evidence.pop("tags", ()) if t]
+    return Fault(kind, {**evidence, "tags": tags}, confidence, reason, onset)
+
+
 class HealthValues(TypedDict, total=False):
     """`health`: the status code of `/health` (None when no answer), refused while the port is closed."""
 
