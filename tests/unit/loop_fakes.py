@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from supervisor.host.forensics import Evidence
 from supervisor.host.launcher import SpawnFailed
 from supervisor.host.proctree import ProcId, RankState, TreeEvent, TreeSnapshot
 from supervisor.host.release import ReleaseReport
+from supervisor.loop.commands import Command
 from supervisor.loop.host import MonitorSpec, RunHandle
+from supervisor.loop.server import ServerLoop
 from supervisor.records.incident import Incident
 
 
@@ -299,3 +302,16 @@ async def until(cond: Callable[[], bool], steps: int = 20000) -> None:
             return
         await asyncio.sleep(0)
     raise AssertionError("condition not reached")
+
+
+@contextlib.asynccontextmanager
+async def running(d: Daemon) -> AsyncIterator[ServerLoop]:
+    """Run the daemon's first server loop; stop it cleanly at the end."""
+    loop = d.loops[0]
+    task = asyncio.create_task(loop.run_forever())
+    try:
+        yield loop
+    finally:
+        loop.stopping = True
+        loop.commands.put_nowait(Command("stop", "test over", "test"))
+        await asyncio.wait_for(task, timeout=10)

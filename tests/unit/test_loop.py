@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -14,24 +13,10 @@ from policies.states import ServerState
 from supervisor.daemon import Daemon
 from supervisor.host.proctree import ProcId
 from supervisor.loop.commands import Command
-from supervisor.loop.server import ServerLoop
-from tests.unit.loop_fakes import FakeClock, FakeHost, daemon, healthy, until
+from tests.unit.loop_fakes import FakeClock, FakeHost, daemon, healthy, running, until
 
 pytestmark = pytest.mark.unit
 S = ServerState
-
-
-@contextlib.asynccontextmanager
-async def running(d: Daemon) -> AsyncIterator[ServerLoop]:
-    """Run the daemon's first server loop; stop it cleanly at the end."""
-    loop = d.loops[0]
-    task = asyncio.create_task(loop.run_forever())
-    try:
-        yield loop
-    finally:
-        loop.stopping = True
-        loop.commands.put_nowait(Command("stop", "test over", "test"))
-        await asyncio.wait_for(task, timeout=10)
 
 
 def health(now: float, status: int | None) -> Observation:

@@ -3,38 +3,20 @@ an earlier run lives, and the family's parsers are set before the first launch (
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from policies.model import Observation
 from policies.states import ServerState
-from supervisor.daemon import Daemon
 from supervisor.host.proctree import ProcId
 from supervisor.loop.commands import Command
-from supervisor.loop.server import ServerLoop
-from tests.unit.loop_fakes import FakeClock, FakeHost, daemon, healthy, until
+from tests.unit.loop_fakes import FakeClock, FakeHost, daemon, healthy, running, until
 
 pytestmark = pytest.mark.unit
 S = ServerState
 QWEN = '[[servers]]\nname = "sim"\ncommand = ["python3", "-m", "simulator.launch_server"]\n'
 QWEN_ARGS = 'args = ["--model-path", "Qwen/Qwen2.5-7B-Instruct", "--port", "31999"{extra}]\ngpus = [0]\n'
-
-
-@contextlib.asynccontextmanager
-async def running(d: Daemon) -> AsyncIterator[ServerLoop]:
-    """Run the daemon's first server loop; stop it cleanly at the end."""
-    loop = d.loops[0]
-    task = asyncio.create_task(loop.run_forever())
-    try:
-        yield loop
-    finally:
-        loop.stopping = True
-        loop.commands.put_nowait(Command("stop", "test over", "test"))
-        await asyncio.wait_for(task, timeout=10)
 
 
 def leaking(now: float) -> list[Observation]:

@@ -3,10 +3,7 @@ launch changes, the document's time, and the screen that shows them."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +11,10 @@ import pytest
 
 from policies.ladders import DEFAULT_LADDERS
 from policies.states import ServerState
-from supervisor.daemon import Daemon
-from supervisor.loop.commands import Command, RungChange
-from supervisor.loop.server import ServerLoop
+from supervisor.loop.commands import RungChange
 from supervisor.reporting.argv_view import diff_words, flag_diff, next_launch, rungs
 from supervisor.reporting.status_text import render_status, unreachable
-from tests.unit.loop_fakes import FakeClock, FakeHost, daemon, until
+from tests.unit.loop_fakes import FakeClock, FakeHost, daemon, running, until
 
 pytestmark = pytest.mark.unit
 S = ServerState
@@ -34,19 +29,6 @@ FELL_BACK = [
     "--mem-fraction-static", "0.75", "--tool-call-parser", "kimi_k2", "--api-key", "sk-live-456",
     "--disable-overlap-schedule",
 ]  # fmt: skip
-
-
-@contextlib.asynccontextmanager
-async def running(d: Daemon) -> AsyncIterator[ServerLoop]:
-    """Run the daemon's first server loop; stop it cleanly at the end."""
-    loop = d.loops[0]
-    task = asyncio.create_task(loop.run_forever())
-    try:
-        yield loop
-    finally:
-        loop.stopping = True
-        loop.commands.put_nowait(Command("stop", "test over", "test"))
-        await asyncio.wait_for(task, timeout=10)
 
 
 def test_flag_diff_names_flags_with_their_values_and_masks_secrets() -> None:
