@@ -2,7 +2,9 @@
 or says why not and reaps it as before. A planned handover (`SIGUSR2`, the daemon re-executes itself) detaches
 every run first, so the daemon that follows adopts them exactly where this one left.
 
-Adopting proves the run is the same and whole (policies.spec): the boot id, the main pid and its start time,
+A run whose recovery was under way when the previous daemon died is not adopted: that daemon had decided to
+replace it, and the replacement completes its incident. Adopting proves the run is the same and whole
+(policies.spec): the boot id, the main pid and its start time,
 the run marker in its environment, every rank present, no other holder of its GPUs, the launch spec the config
 asks for now, and `/server_info` agreeing on the model and tp size. The adopted run is then watched like a launch
 that has just begun (`starting` until `/health` is 200 and the canary passes; its startup budget counts from the
@@ -46,8 +48,11 @@ async def adopt_previous(loop: Loop, version: str) -> bool:
     )
     argv, spec = desired_spec(loop)
     command = len(loop.cfg.command)
-    if isinstance(attached, str):
-        why: str | None = attached
+    interrupted = owner.incident
+    if interrupted is not None:  # the previous daemon had decided to replace this run: finish that
+        why: str | None = f"a recovery was under way when the previous daemon stopped ({interrupted.id})"
+    elif isinstance(attached, str):
+        why = attached
     else:
         view = await host.adoption_view(
             loop.cfg, attached.pid, found.run_id, loop.marker, loop.watch.titles()

@@ -294,12 +294,21 @@ class ServerOwner:
         return changed
 
     # ---- incidents --------------------------------------------------------------------------------------------
-    def open_incident(self, incident: Incident, detected_at: float, persist: bool = False) -> None:
-        """The incident a recovery is under way for (`persist`: survives a daemon death from now on)."""
+    def open_incident(self, incident: Incident, detected_at: float) -> None:
+        """The incident the next serving resolves (held in memory: `begin_recovery` also puts it on disk)."""
         self._incident, self._detected = incident, detected_at
-        if persist:
-            self._record.open_incident = incident.id
-            self._persist()
+
+    def begin_recovery(
+        self, levels: Mapping[str, int], step: tuple[str, int] | None, incident: Incident, detected_at: float
+    ) -> None:
+        """A recovery is decided: its ladder levels and its incident are on disk together, in one write, before
+        any step a daemon death could interrupt (the next daemon completes the incident)."""
+        if step is not None:
+            self._record.history.append([step[0], step[1]])
+        self._record.levels = {k: v for k, v in levels.items() if v}
+        self._incident, self._detected = incident, detected_at
+        self._record.open_incident = incident.id
+        self._persist()
 
     def update_incident(self, incident: Incident) -> None:
         """A later version of the open incident (same id)."""

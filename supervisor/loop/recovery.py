@@ -96,8 +96,7 @@ async def recover(loop: Loop, fault: Fault, decided: Next) -> None:
     )
     # the chosen rung is on disk before any step that a daemon death could interrupt
     step = (chosen.ladder_key, chosen.rung) if chosen.ladder_key is not None else None
-    owner.set_levels(chosen.levels, step)
-    owner.open_incident(incident, now, persist=True)
+    owner.begin_recovery(chosen.levels, step, incident, now)
     owner.transition(S.RECOVERING, f"{fault.kind}: {fault.reason}")
     forensics = await _forensics(loop, incident) if owner.run is not None else ""
     report = await release_run(loop, mode="kill")

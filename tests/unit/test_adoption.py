@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from policies.model import Fault
+from policies.plan import Plan
 from policies.states import ServerState
 from supervisor.daemon import Daemon
 from supervisor.loop.commands import Command
@@ -110,4 +112,27 @@ async def test_adoption_is_refused_with_the_reason_and_the_run_replaced(
     refused = entries(d, "adopt_refused")
     assert refused and reason in refused[0], refused
     assert len(host.runs) == 2 and host.runs[0].exit_code is not None and loop.owner.adopted is None
+    await leave(loop, task, handover=False)
+
+
+async def test_a_run_whose_recovery_was_under_way_is_replaced_not_adopted(tmp_path: Path) -> None:
+    """The previous daemon died mid-recovery (the tree still alive): the decision stands, the run is replaced and
+    the interrupted incident completed."""
+    host, clock = FakeHost(), FakeClock()
+    first = daemon(tmp_path, host, clock)
+    loop, task = await serve(first)
+    await leave(loop, task, handover=True)
+    record = first.svc.statefile.record("sim")
+    record.open_incident = first.svc.incidents.fault(
+        "sim", clock.wall(), Fault("decode_wedge", {}, 0.9, "stalled", clock.monotonic()),
+        Plan("relaunch", "rung 1"), (), 0, None,
+    ).id  # fmt: skip
+    first.svc.save_state()
+    d = daemon(tmp_path, host, clock)
+    loop, task = await serve(d)
+    refused = entries(d, "adopt_refused")
+    assert refused and "a recovery was under way" in refused[0]
+    assert len(host.runs) == 2 and host.runs[0].exit_code is not None
+    wedge = [i for i in d.svc.incidents.recent if i.fault == "decode_wedge"][-1]
+    assert wedge.recovered_at is not None and "mid-recovery" in wedge.reason
     await leave(loop, task, handover=False)
