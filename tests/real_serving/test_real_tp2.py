@@ -75,7 +75,8 @@ def test_rank_stopped_mid_request_is_a_collective_hang_with_collective_evidence(
 
 def test_a_sigkilled_daemon_is_followed_by_one_that_adopts_the_real_tree(dep: RealDeployment) -> None:
     """The daemon SIGKILLed while the real tp-2 server serves: the next daemon adopts the same tree (its main PID,
-    no incident), and a real rank kill afterwards is still caught and recovered."""
+    no incident), and a real rank kill afterwards is still caught: a crash, the relaunch spawned (the module's last
+    test: the relaunch's own start is not waited for)."""
     first = dep.wait(serving, timeout=READY_S, what="serving")
     incidents = len(dep.incidents())
     assert dep.daemon is not None
@@ -86,8 +87,8 @@ def test_a_sigkilled_daemon_is_followed_by_one_that_adopts_the_real_tree(dep: Re
     assert adopted["pid"] == first["pid"] and len(dep.incidents()) == incidents
     dep.ranks(first["pid"])["sglang::scheduler_TP1"].kill()
     again = dep.wait(
-        lambda s: serving(s) and s["pid"] != first["pid"],
+        lambda s: s["pid"] not in (None, first["pid"]) and bool(s["last_incident"]),
         timeout=READY_S,
-        what="relaunched after the rank kill",
+        what="the relaunch spawned after the rank kill",
     )
     assert again["last_incident"]["fault"] == "crash" and not again["adopted"]
