@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -24,14 +24,19 @@ _AM_TEMPLATE_DIR_RELATIVE = b"usr//share/prometheus/alertmanager"
 
 
 @contextmanager
-def _locked() -> Iterator[None]:
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with (CACHE / "tools.lock").open("w") as lock:
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive fcntl lock on `path` (its folder made), shared by every pytest worker that installs a thing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _locked() -> AbstractContextManager[None]:
+    return file_lock(CACHE / "tools.lock")
 
 
 def _run(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

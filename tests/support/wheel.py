@@ -9,7 +9,6 @@ current tree and is rebuilt only when one of them changes. A file lock serialise
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
@@ -18,13 +17,13 @@ import sys
 import time
 import zipfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from email.parser import Parser
 from pathlib import Path
 
 from tests.support.paths import REPO
-from tests.support.tools import CACHE
+from tests.support.tools import CACHE, file_lock
 
 ROOT = CACHE / "wheel"
 # Every input of the build: the project metadata, the packages and the files they carry as package data.
@@ -116,15 +115,8 @@ def _run(argv: list[str | Path], what: str, cwd: Path | None = None) -> None:
         )
 
 
-@contextmanager
-def _locked() -> Iterator[None]:
-    ROOT.mkdir(parents=True, exist_ok=True)
-    with (ROOT / "lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+def _locked() -> AbstractContextManager[None]:
+    return file_lock(ROOT / "lock")
 
 
 def _wheelhouse(wheel: Path) -> Path:
