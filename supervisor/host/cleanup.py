@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.host import gpu
+from supervisor.host import gpu, openfiles
 
 SHM_PATTERNS = ("sgl_shm_*", "psm_*", "sem.mp-*")
 _POLL_S = 0.05
@@ -49,7 +49,7 @@ def sweep_shm(
     ]
     if not candidates:
         return []
-    held = gpu.open_holders(candidates, include_maps=True)
+    held = openfiles.open_holders(candidates, include_maps=True)
     removed = []
     for path in candidates:
         if held[path]:

@@ -8,7 +8,6 @@ card, nvidia-ml-py imported lazily), ``sim`` (the simulator's ``nvml.json``), ``
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -19,10 +18,8 @@ from typing import Any, Protocol
 
 import psutil
 
-from supervisor.host import proctree
+from supervisor.host import openfiles, proctree
 
-_PROC = Path("/proc")
-_MAPS_LIMIT = 16 * 1024 * 1024
 _NVML_JSON_LIMIT = 1024 * 1024
 _FUSER_TIMEOUT_S = 5.0
 _XID_KEEP = 16
@@ -97,17 +94,6 @@ class GpuBackend(Protocol):
     def snapshot(self, gpus: Sequence[int]) -> list[GpuSample]: ...
 
 
-def open_holders(paths: Sequence[Path], include_maps: bool = False) -> dict[Path, set[int]]:
-    """PIDs with an fd (or, with ``include_maps``, a mapping) on each path, from a ``/proc`` scan."""
-    wanted = {os.path.realpath(p): Path(p) for p in paths}
-    found: dict[Path, set[int]] = {Path(p): set() for p in paths}
-    for pid in proctree.all_pids():
-        for target in _fd_targets(pid) | (_mapped_paths(pid) if include_maps else set()):
-            if target in wanted:
-                found[wanted[target]].add(pid)
-    return found
-
-
 def fuser_holders(paths: Sequence[Path]) -> dict[Path, set[int]] | None:
     """PIDs ``fuser -a`` reports on each path, or None when fuser is not installed."""
     running = _start_fusers(paths)
@@ -163,7 +149,7 @@ def device_holders(
 ) -> list[Holder]:
     """Live processes holding ``paths`` (``/proc`` scan, plus ``fuser`` if present), allowlist excepted."""
     running = _start_fusers(paths) if use_fuser else None
-    scanned = open_holders(paths)  # while the fusers run
+    scanned = openfiles.open_holders(paths)  # while the fusers run
     fused = _collect_fusers(running) if running is not None else None
     holders = []
     for path, proc_pids in scanned.items():
@@ -367,32 +353,3 @@ def _sim_sample(index: int, entry: dict[str, Any]) -> GpuSample:
         xid_events=xids,
         power_limit_w=float(entry.get("power_limit_w", 0.0)),
     )
-
-
-def _fd_targets(pid: int) -> set[str]:
-    fd_dir = _PROC / str(pid) / "fd"
-    try:
-        names = os.listdir(fd_dir)
-    except OSError:
-        return set()
-    targets = set()
-    for name in names:
-        try:
-            targets.add(os.readlink(fd_dir / name))
-        except OSError:
-            continue
-    return targets
-
-
-def _mapped_paths(pid: int) -> set[str]:
-    try:
-        with open(_PROC / str(pid) / "maps", "rb") as fh:
-            raw = fh.read(_MAPS_LIMIT)
-    except OSError:
-        return set()
-    paths = set()
-    for line in raw.splitlines():
-        parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[5].startswith(b"/"):
-            paths.add(parts[5].decode("utf-8", "replace"))
-    return paths

@@ -19,6 +19,7 @@ BASE = f"""
 [supervisor]
 state_dir = "state"
 log_dir = "log"
+shm_dir = "shm"
 gpu_backend = "none"
 [supervisor.http]
 port = 0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.host import gpu
+from supervisor.host import gpu, openfiles
 from supervisor.host.gpu import GpuBackendUnavailable
 
 
@@ -62,8 +62,8 @@ def test_mapping_without_fd_is_found_only_with_maps(tmp_path: Path, start_holder
     """A process that mmapped a file and closed the fd is a holder when maps are scanned."""
     path = _device(tmp_path, "mapped")
     pid = start_holder(path, "--mmap")
-    assert pid not in gpu.open_holders([path])[path]
-    assert pid in gpu.open_holders([path], include_maps=True)[path]
+    assert pid not in openfiles.open_holders([path])[path]
+    assert pid in openfiles.open_holders([path], include_maps=True)[path]
 
 
 def test_sim_backend_drops_dead_pids_and_gates_verify(
