@@ -5,12 +5,15 @@ What a user runs: no tuned probes (`/health` every 10 s, metrics every 5 s, `sta
 Paris to every prompt (a false `stream_leak`, alert-only, that only this model makes). The tests run in file order
 on the same deployment, each starting from `serving` and leaving it serving again (each fault costs one real
 relaunch, ~60 s on 2 cores): SGLang's own benchmark client at 8 concurrent streams (no incident, every request
-served), then an idle freeze, a collective hang, a decode wedge and a rank kill, each diagnosed as itself.
+served), then an idle freeze, a collective hang, a decode wedge, the daemon SIGKILLed and its successor adopting
+the tree, and a rank kill, each diagnosed as itself.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,8 +58,18 @@ def serving_again(dep: RealDeployment, old_pid: int, what: str) -> dict[str, Any
 def test_sglang_benchmark_client_at_8_concurrent_is_served_with_no_incident(
     dep: RealDeployment, serving_python: Path
 ) -> None:
-    """`sglang.benchmark.serving` (random ids, 8 concurrent, 32 requests): every request served, no incident."""
+    """The tp-2 server proven (ranks titled TP0/TP1, config check, reasoning and tool canaries pass); then
+    `sglang.benchmark.serving` (random ids, 8 concurrent, 32 requests): every request served, no incident."""
     first = dep.wait(serving, timeout=READY_S, what="serving")
+    probes = first["probes"]["probes"]
+    for name in ("config_check", "canary_reasoning", "canary_tool"):
+        assert probes[name]["values"]["verdict"] == "pass", probes[name]
+    assert dep.ranks(first["pid"]).keys() >= {
+        "sglang::scheduler_TP0",
+        "sglang::scheduler_TP1",
+        "sglang::detokenizer",
+    }
+    assert first["restarts"] == 0
     incidents = len(dep.incidents())
     load = ServingLoad(serving_python, dep.sim_url, dep.model_dir, dep.root / "load.jsonl").start()
     try:
@@ -123,13 +136,25 @@ def test_all_ranks_stopped_with_requests_in_flight_is_a_decode_wedge(dep: RealDe
         for proc in dep.ranks(first["pid"]).values():
             proc.suspend()
         again = serving_again(dep, first["pid"], "relaunched after the wedge")
-    assert again["last_incident"]["fault"] == "decode_wedge", again["last_incident"]
+    incident = again["last_incident"]
+    assert incident["fault"] == "decode_wedge", incident
+    assert incident["rung"] >= 1 and "--disable-overlap-schedule" in again["argv"]
 
 
-def test_scheduler_rank_killed_is_a_crash(dep: RealDeployment) -> None:
-    """SIGKILL of scheduler_TP1: a crash with the lost rank in the evidence, the relaunch spawned (the module's
-    last test: the relaunch's own start is not waited for — the other modules prove relaunches serve)."""
+def test_a_sigkilled_daemon_is_followed_by_one_that_adopts_the_tree_and_a_rank_kill_is_a_crash(
+    dep: RealDeployment,
+) -> None:
+    """The daemon SIGKILLed while the server serves: the next daemon adopts the same tree (its main PID, no
+    incident). SIGKILL of scheduler_TP1 then: a crash with the lost rank in the evidence, the relaunch spawned (the
+    module's last test: the relaunch's own start is not waited for — the other modules prove relaunches serve)."""
     first = dep.wait(serving, timeout=READY_S, what="serving")
+    incidents = len(dep.incidents())
+    assert dep.daemon is not None
+    os.killpg(dep.daemon.pid, signal.SIGKILL)
+    dep.daemon.wait(timeout=30)
+    dep.start()
+    adopted = dep.wait(lambda s: serving(s) and bool(s["adopted"]), timeout=READY_S, what="adopted")
+    assert adopted["pid"] == first["pid"] and len(dep.incidents()) == incidents
     dep.ranks(first["pid"])["sglang::scheduler_TP1"].kill()
     after = dep.wait(
         lambda s: s["pid"] not in (None, first["pid"]) and bool(s["last_incident"]),
@@ -138,3 +163,4 @@ def test_scheduler_rank_killed_is_a_crash(dep: RealDeployment) -> None:
     )
     incident = after["last_incident"]
     assert incident["fault"] == "crash" and "scheduler_TP1" in json.dumps(incident["evidence"]), incident
+    assert not after["adopted"]

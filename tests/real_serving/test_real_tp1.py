@@ -19,15 +19,12 @@ import pytest
 
 from tests.real_serving.support import (
     READY_S,
-    InFlight,
     RealDeployment,
     generate,
-    metric,
     pids_alive,
     port_free,
     real_deployment,
     serving,
-    wait_running,
 )
 from tests.support.wait import wait_for
 
@@ -97,20 +94,6 @@ def test_main_killed_reaps_every_rank_and_frees_the_port(dep: RealDeployment) ->
     serving_again(dep, first["pid"], "relaunched after the main process died")
     opened = sorted((i for i in dep.incidents() if i["id"] not in known), key=lambda i: i["detected_at"])
     assert opened and opened[0]["fault"] == "crash", opened
-
-
-def test_all_ranks_stopped_with_requests_in_flight_is_a_decode_wedge(dep: RealDeployment) -> None:
-    """Requests decoding, every rank SIGSTOPped: no token progress → decode_wedge → relaunched, serving."""
-    first = dep.wait(serving, timeout=READY_S, what="serving")
-    with InFlight(dep.sim_url, n=2):
-        wait_running(dep.sim_url, 1, timeout=300)
-        assert metric(dep.sim_url, "sglang:realtime_tokens_total") > 0
-        for proc in dep.ranks(first["pid"]).values():
-            proc.suspend()
-        again = serving_again(dep, first["pid"], "relaunched after the wedge")
-    incident = again["last_incident"]
-    assert incident["fault"] == "decode_wedge", incident
-    assert incident["rung"] >= 1 and "--disable-overlap-schedule" in again["argv"]
 
 
 def test_sigterm_to_the_daemon_leaves_nothing_running_or_bound(dep: RealDeployment) -> None:
