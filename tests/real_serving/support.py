@@ -182,6 +182,11 @@ def serving(s: dict[str, Any]) -> bool:
     return s.get("state") == "serving"
 
 
+def serving_again(dep: RealDeployment, old_pid: int, what: str) -> dict[str, Any]:
+    """Wait for `serving` under a main PID other than `old_pid`."""
+    return dep.wait(lambda s: serving(s) and s["pid"] != old_pid, timeout=READY_S, what=what)
+
+
 def port_free(port: int) -> bool:
     """Nothing listens on 127.0.0.1:`port` (SO_REUSEADDR, as SGLang's server binds: TIME_WAIT does not count)."""
     with socket.socket() as sock:

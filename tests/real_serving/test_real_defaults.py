@@ -31,6 +31,7 @@ from tests.real_serving.support import (
     metric,
     real_deployment,
     serving,
+    serving_again,
     wait_running,
 )
 from tests.support.wait import wait_for
@@ -48,11 +49,6 @@ def dep(
     ) as d:
         d.start()
         yield d
-
-
-def serving_again(dep: RealDeployment, old_pid: int, what: str) -> dict[str, Any]:
-    """Wait for `serving` under a main PID other than `old_pid`."""
-    return dep.wait(lambda s: serving(s) and s["pid"] != old_pid, timeout=READY_S, what=what)
 
 
 def test_sglang_benchmark_client_at_8_concurrent_is_served_with_no_incident(

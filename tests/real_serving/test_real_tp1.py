@@ -12,7 +12,6 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -25,6 +24,7 @@ from tests.real_serving.support import (
     port_free,
     real_deployment,
     serving,
+    serving_again,
 )
 from tests.support.wait import wait_for
 
@@ -38,11 +38,6 @@ def dep(
     with real_deployment(root, tp=1, python=serving_python, models=models, parsers=(None, None)) as d:
         d.start()
         yield d
-
-
-def serving_again(dep: RealDeployment, old_pid: int, what: str) -> dict[str, Any]:
-    """Wait for `serving` under a main PID other than `old_pid`."""
-    return dep.wait(lambda s: serving(s) and s["pid"] != old_pid, timeout=READY_S, what=what)
 
 
 def test_missing_parser_is_fixed_before_the_first_launch(dep: RealDeployment) -> None:
