@@ -214,6 +214,11 @@ def cmd_run(path: Path, level: str) -> int:
     from supervisor.host.gpu import GpuBackendUnavailable
     from supervisor.reporting.logsetup import configure
 
+    if os.getpid() == 1:  # a container's entrypoint: a minimal init above the daemon (supervisor.pid1)
+        from supervisor import pid1
+        from supervisor.handover import daemon_argv
+
+        return pid1.run(daemon_argv(path, level))
     configure(level)
     try:
         daemon = Daemon(load_config(path), path)

@@ -25,6 +25,7 @@ from supervisor.group.etcd import EtcdClient
 from supervisor.group.member import GroupMember
 from supervisor.group.report import GroupReporter
 from supervisor.host.gpu import open_backend
+from supervisor.host.reaping import OrphanReaper, become_subreaper
 from supervisor.loop.clock import Clock, SystemClock
 from supervisor.loop.commands import Command, RungChange
 from supervisor.loop.host import Host, RealHost
@@ -71,9 +72,12 @@ class Daemon:
         Path(sup.state_dir).mkdir(parents=True, exist_ok=True)
         Path(sup.log_dir).mkdir(parents=True, exist_ok=True)
         self.metrics = SupervisorMetrics()
+        # The real host's orphans are ours to reap (supervisor.host.reaping); a test's fake host has none.
+        self.reaper: OrphanReaper | None = None
         if host is None:
             backend = open_backend(sup.gpu_backend, Path(sup.sim_state_dir) if sup.sim_state_dir else None)
             host = RealHost(backend, gpu_enabled=sup.gpu_backend != "none")
+            self.reaper = OrphanReaper()
         self.clock = clock or SystemClock()
         self.journal = IncidentJournal(Path(sup.state_dir) / "incidents.jsonl")
         self.alerts = build_dispatcher(config.alerts, list(prepared.sinks), self.metrics)
@@ -100,6 +104,7 @@ class Daemon:
         self.started = self.clock.wall()
         self.stop_event = asyncio.Event()
         self.handing_over = False  # SIGUSR2: `run` re-executes the daemon after leaving every run alive
+        self._reap_due: asyncio.TimerHandle | None = None
         self.status = StatusServer(self, sup.http)
 
     @property
@@ -248,6 +253,7 @@ class Daemon:
             fresh, age = self.loop_health()
             if self.group_reporter is not None:
                 self.group_reporter.publish()
+            self._reap_soon()
             if fresh:
                 self.metrics.tick(self.clock.wall())
                 sdnotify.watchdog()
@@ -255,6 +261,17 @@ class Daemon:
                 log.error("daemon.loop_stale", age_s=round(age, 1), hint="a server loop stopped beating")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop_event.wait(), timeout=period)
+
+    def _reap(self) -> None:
+        """One reaping pass; another once the grace of the zombies it had to leave has passed."""
+        self._reap_due = None
+        if self.reaper is not None and self.reaper.reap_pass():
+            self._reap_due = asyncio.get_running_loop().call_later(self.reaper.grace_s + 0.05, self._reap)
+
+    def _reap_soon(self) -> None:
+        """SIGCHLD, and every tick: a pass now (it notes the new zombies) unless one is already due."""
+        if self._reap_due is None:
+            self._reap()
 
     def handover(self) -> None:
         """SIGUSR2: stop supervising but leave every server running, for the daemon that `run` re-executes in
@@ -276,6 +293,9 @@ class Daemon:
         aio.add_signal_handler(signal.SIGHUP, self.reload)
         aio.add_signal_handler(signal.SIGUSR2, self.handover)
         aio.add_signal_handler(signal.SIGQUIT, lambda: log.warning("signal.sigquit_ignored"))
+        if self.reaper is not None:  # orphaned ranks re-parent to us, not to PID 1
+            become_subreaper()
+            aio.add_signal_handler(signal.SIGCHLD, self._reap_soon)
         await self.alerts.start()
         await self.status.start()
         ticker = asyncio.create_task(self.tick())
@@ -305,5 +325,7 @@ class Daemon:
         await self.status.stop()
         await self.alerts.aclose(5.0)
         self.svc.save_state()
+        if self.reaper is not None:
+            self.reaper.reap(grace_s=0.0)
         log.info("daemon.stopped")
         return 0

@@ -19,9 +19,25 @@ from typing import Any
 POLL_S = 0.2
 
 
+def daemon_argv(config: Path, level: str) -> list[str]:
+    """The daemon's command line: exactly the installed program, whatever the working directory holds (`-P`:
+    no directory of a checkout of this project is put before the installed package on `sys.path`)."""
+    return [
+        sys.executable,
+        "-P",
+        "-m",
+        "supervisor.cli",
+        "run",
+        "--config",
+        str(config),
+        "--log-level",
+        level,
+    ]
+
+
 def reexec(config: Path, level: str) -> None:
     """Replace this process with a fresh daemon on the same config (the runs are left to it)."""
-    argv = [sys.executable, "-m", "supervisor.cli", "run", "--config", str(config), "--log-level", level]
+    argv = daemon_argv(config, level)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, argv)

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.host import proctree
+from supervisor.host import proctree, reaping
 from supervisor.host.proctree import RUN_MARKER, SERVER_MARKER
 from supervisor.host.runlog import LINE_LIMIT, TRUNCATED, LogTail
 
@@ -55,7 +55,10 @@ class _Child:
         self._proc = proc
 
     def poll(self) -> int | None:
-        return self._proc.poll()
+        code = self._proc.poll()
+        if code is not None:
+            reaping.unclaim(self._proc.pid)
+        return code
 
 
 class _Found:
@@ -63,7 +66,8 @@ class _Found:
     re-executed itself in place) ``waitid`` reaps it and gives its status; otherwise only its end is seen, and
     its status is ``EXIT_UNKNOWN``."""
 
-    def __init__(self, pidfd: int) -> None:
+    def __init__(self, pid: int, pidfd: int) -> None:
+        self.pid = pid
         self._pidfd: int | None = pidfd
         self._code: int | None = None
         self._lock = threading.Lock()
@@ -94,6 +98,7 @@ class _Found:
         assert self._pidfd is not None
         os.close(self._pidfd)
         self._pidfd, self._code = None, code
+        reaping.unclaim(self.pid)
 
 
 class Launched:
@@ -227,6 +232,7 @@ def spawn(
         return SpawnFailed(f"cannot start {argv[0]!r}: {exc}")
     finally:
         os.close(out)
+    reaping.claim(proc.pid)
     try:
         pgid = os.getpgid(proc.pid)
     except OSError:
@@ -267,7 +273,8 @@ def attach(
     except OSError as exc:
         os.close(pidfd)
         return SpawnFailed(f"cannot read log {log_path}: {exc}")
+    reaping.claim(pid)  # our child after a re-exec in place: its status is _Found's to take
     exit_fd = os.dup(pidfd)  # the reader's own: _Found closes its pidfd once it saw the exit
     return Launched(
-        pid, pgid, _Found(pidfd), exit_fd, log_fd, path, offset, ring_lines, rotate_bytes, rotate_keep
+        pid, pgid, _Found(pid, pidfd), exit_fd, log_fd, path, offset, ring_lines, rotate_bytes, rotate_keep
     )
