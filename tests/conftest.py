@@ -17,7 +17,19 @@ import pytest
 from tests.support.treewatch import VIOLATIONS
 
 TESTS = Path(__file__).resolve().parent
-TIERS = ("real", "wheel", "e2e", "real_serving", "etcd", "hardening", "process", "unit")
+TIERS = (
+    "systemd",
+    "monitoring",
+    "real",
+    "wheel",
+    "container",
+    "e2e",
+    "real_serving",
+    "etcd",
+    "hardening",
+    "process",
+    "unit",
+)
 
 
 def tier_of(path: Path) -> str | None:

@@ -4,7 +4,8 @@ A port the kernel hands out for `bind(("127.0.0.1", 0))` lies in the ephemeral r
 connection of every test also gets its source port: between the check and the server's own bind, any client on
 the machine could take it (CI saw a simulator fail to bind that way). So ports come from below the ephemeral
 range, where the kernel never assigns one on its own, and each pytest-xdist worker draws from its own slice of
-that pool, so parallel workers never hand out the same port either. Each port is still checked free before use:
+that pool, so parallel workers never hand out the same port either (a run beside them takes the slice
+`SGLSUP_TEST_PORT_SLICE` names). Each port is still checked free before use:
 servers a test left behind, or another run on the machine, only make the allocator skip ahead.
 """
 
@@ -32,6 +33,8 @@ def _slice() -> range:
     low, high = _ephemeral_range()
     start, stop = (_POOL_LOW, low) if low - _POOL_LOW >= 4096 else (high + 1, 65000)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    # A pytest run beside the parallel workers (make test's serial tiers) names its own slice.
+    worker = os.environ.get("SGLSUP_TEST_PORT_SLICE", worker)
     index = int(worker) % _SLICES if worker.isdigit() else 0
     size = (stop - start) // _SLICES
     return range(start + index * size, start + (index + 1) * size)

@@ -62,13 +62,13 @@ def _download(package: str) -> Path:
 def _ensure(package: str, binary: str, bindir: str = "usr/bin") -> Path:
     path = CACHE / "root" / package / bindir / binary
     if not path.exists():
-        _extract(package, lambda root: (root / bindir / binary).exists())
+        extract(package, lambda root: (root / bindir / binary).exists())
     if not path.exists():
         raise RuntimeError(f"{package} has no {bindir}/{binary}")
     return path
 
 
-def _extract(package: str, done: Callable[[Path], bool]) -> Path:
+def extract(package: str, done: Callable[[Path], bool]) -> Path:
     """The package extracted into the cache (once: `done(root)` says whether it is there already)."""
     root = CACHE / "root" / package
     with _locked():
@@ -138,7 +138,7 @@ def ensure_haproxy() -> tuple[Path, dict[str, str]]:
     dirs: list[str] = []
     for package, library in HAPROXY_LIBRARIES.items():
         pattern = f"usr/lib/*/{library}"
-        root = _extract(package, partial(_holds, pattern=pattern))
+        root = extract(package, partial(_holds, pattern=pattern))
         found = sorted(root.glob(pattern))
         if not found:
             raise RuntimeError(f"{package} has no {pattern}")
