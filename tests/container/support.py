@@ -1,0 +1,211 @@
+"""The installed wheel as a container's PID 1, supervising the simulator, watched from the host.
+
+Two runtimes give the daemon PID 1 of a new PID namespace, as a container runtime gives an entrypoint without
+`--init`: `unshare --pid --fork --mount-proc` (the PID namespace alone), and `systemd-nspawn` without `--boot`
+(a real container: the host's OS read-only under a tmpfs, its own /proc, /dev and /tmp; tests/support/nspawn.py)
+running the argv of the shipped Dockerfile's `ENTRYPOINT`. The test's folder is bound at its own path, so the
+config, state, logs and the simulator's stand-in GPUs have the same paths inside and out, and the host's watch of
+the invariants (tests/support/treewatch.py) reads them as for any deployment. The container keeps the host's
+network (its loopback is the tests' loopback): the tier is about processes, not networking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.support import procs
+from tests.support.daemon import Deployment
+from tests.support.nspawn import Bind, Container, nspid
+from tests.support.treewatch import VIOLATIONS, TreeWatch
+from tests.support.wait import wait_for
+from tests.support.wheel import Installed
+
+CONFIG_INSIDE = "/etc/sglang-supervisor/config.toml"
+VENV_INSIDE = "/opt/sglang-supervisor/venv"
+DRAINED_TIMEOUT_S = 180.0  # the documented stop timeout (docker stop -t, terminationGracePeriodSeconds)
+
+
+def entrypoint(installed: Installed) -> list[str]:
+    """The `ENTRYPOINT` of the Dockerfile the wheel carries (`sglang-supervisor files examples`)."""
+    listing = subprocess.run(
+        [str(installed.bin / "sglang-supervisor"), "files", "examples"],
+        capture_output=True, text=True, env=installed.env(), timeout=60, check=True,
+    )  # fmt: skip
+    dockerfile = Path(listing.stdout.strip()) / "Dockerfile"
+    found = re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", dockerfile.read_text(), re.MULTILINE)
+    assert found, f"{dockerfile} has no exec-form ENTRYPOINT"
+    argv = json.loads(found.group(1))
+    assert isinstance(argv, list) and all(isinstance(a, str) for a in argv)
+    return argv
+
+
+@dataclass
+class ContainerDeployment(Deployment):
+    """A simulated server under the installed daemon, which is PID 1 of its own PID namespace."""
+
+    installed: Installed | None = None
+    runtime: str = "unshare"  # or "nspawn"
+    container: Container | None = None
+    exits: list[int] = field(default_factory=list)
+
+    def write(self) -> None:
+        super().write()
+        assert self.installed is not None
+        python = json.dumps([str(self.installed.python), "-m", "simulator.launch_server"])
+        text = self.config_path.read_text()
+        text = re.sub(r"^command = .*$", f"command = {python}", text, count=1, flags=re.MULTILINE)
+        self.config_path.write_text(text)
+
+    def start(self) -> subprocess.Popen[bytes]:
+        assert self.installed is not None
+        if self.watch is None:
+            self.watch = TreeWatch(self.server_names(), self.root / "state", self.device_map())
+        if self.runtime == "unshare":
+            argv = ["unshare", "--pid", "--fork", "--mount-proc"]
+            argv += [str(self.installed.bin / "sglang-supervisor"), "run", "--config", str(self.config_path)]
+            log = open(self.root / "daemon.log", "ab")  # noqa: SIM115 - the child owns it
+            self.daemon = subprocess.Popen(
+                argv, env=self.installed.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            log.close()
+            wait_for(self.pid1, 30, "PID 1 of the namespace")
+            return self.daemon
+        self.container = Container(
+            self.root / "container",
+            command=entrypoint(self.installed),
+            binds=[
+                Bind(self.root, str(self.root), writable=True),
+                Bind(self.installed.venv, VENV_INSIDE),
+                Bind(self.config_path, CONFIG_INSIDE),
+            ],
+            options=["--kill-signal=SIGTERM"],  # what `docker stop` sends PID 1
+        )
+        self.container.log = self.root / "daemon.log"
+        self.container.start()
+        assert self.container.proc is not None
+        self.daemon = self.container.proc
+        return self.daemon
+
+    def pid1(self) -> int | None:
+        """The host PID of the namespace's PID 1 (our init)."""
+        if self.container is not None:
+            return self.container.leader()
+        if self.daemon is None:
+            return None
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.daemon.pid).children():
+                if nspid(child.pid)[-1:] == [1]:
+                    return child.pid
+        return None
+
+    def namespace_pids(self) -> dict[int, str]:
+        """Every process of the namespace: host PID → its state letter."""
+        leader = self.pid1()
+        if leader is None:
+            return {}
+        with contextlib.suppress(OSError):
+            ns = os.readlink(f"/proc/{leader}/ns/pid")
+            found = {}
+            for pid in psutil.pids():
+                with contextlib.suppress(OSError, psutil.Error):
+                    if os.readlink(f"/proc/{pid}/ns/pid") == ns:
+                        found[pid] = psutil.Process(pid).status()
+            return found
+        return {}
+
+    def zombies(self) -> list[int]:
+        return [pid for pid, state in self.namespace_pids().items() if state == psutil.STATUS_ZOMBIE]
+
+    def no_zombies(self, timeout_s: float = 10.0) -> None:
+        """Every process of the namespace that ended has been reaped (a zombie waits at most its grace)."""
+        try:
+            wait_for(lambda: not self.zombies(), timeout_s, "no zombie in the namespace", interval=0.1)
+        except AssertionError:
+            names = [procs.title(psutil.Process(p)) or str(p) for p in self.zombies()]
+            raise AssertionError(f"zombies left in the namespace: {names}") from None
+
+    def runs(self) -> set[str]:
+        """The runs of the server alive now, as the host's watch sees them."""
+        assert self.watch is not None
+        return {seen.run for seen in self.watch.now()}
+
+    def daemon_pid(self) -> int:
+        """The daemon's host PID (a child of PID 1): the pid /status gives is the namespace's."""
+        leader = self.pid1()
+        assert leader is not None
+        inner = int(self.status()["pid"])
+        for child in psutil.Process(leader).children():
+            if nspid(child.pid)[-1:] == [inner]:
+                return child.pid
+        raise AssertionError(f"no child of PID 1 is the daemon (pid {inner} inside)")
+
+    def docker_stop(self, timeout_s: float) -> tuple[int | None, float]:
+        """`docker stop -t timeout_s`: SIGTERM to PID 1, SIGKILL after the timeout; (exit status, seconds)."""
+        assert self.daemon is not None
+        started = time.monotonic()
+        leader = self.pid1()
+        assert leader is not None
+        os.kill(leader, signal.SIGTERM)
+        try:
+            code: int | None = self.daemon.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(leader, signal.SIGKILL)
+            code = self.daemon.wait(timeout=30)
+        return code, time.monotonic() - started
+
+    def log_events(self, event: str) -> list[dict[str, Any]]:
+        """The JSON log lines of `event` (from PID 1 and the daemon alike)."""
+        found = []
+        for line in (self.root / "daemon.log").read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and record.get("event") == event:
+                    found.append(record)
+        return found
+
+    def cleanup(self, record: bool = True) -> list[str]:
+        """Stop the namespace as a container runtime does (SIGTERM to PID 1, the documented timeout), check the
+        invariants (one tree at a time; nothing left after a clean stop), kill whatever is left."""
+        problems: list[str] = []
+        if self.watch is not None:
+            if self.daemon is not None and self.daemon.poll() is None and self.pid1() is not None:
+                self.docker_stop(DRAINED_TIMEOUT_S)
+            checks = [self.watch.check_one_tree]
+            if self.daemon is not None and self.daemon.poll() == 0:
+                checks.append(self.watch.check_nothing_left)
+            for check in checks:
+                try:
+                    check()
+                except AssertionError as exc:
+                    problems.append(str(exc))
+            self.watch.close()
+            self.watch = None
+        if record:
+            VIOLATIONS.extend(problems)
+        if self.daemon is not None and self.daemon.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.daemon.pid, signal.SIGKILL)
+            self.daemon.wait(timeout=10)
+        if self.container is not None:
+            self.container.close()
+        procs.kill_all(self.sim)
+        return problems
+
+
+def serving_after(
+    dep: ContainerDeployment, pid: int | None, what: str, timeout: float = 90.0
+) -> dict[str, Any]:
+    """Wait until the server serves with a main PID other than `pid`; its /status entry."""
+    return dep.wait(lambda s: s.get("state") == "serving" and s.get("pid") != pid, timeout, what)
