@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import psutil
 
 from tests.support import procs
 from tests.support.daemon import Deployment, Traffic
+from tests.support.paths import REPO
 from tests.support.ports import free_port
 from tests.support.wait import wait_for
 from tests.support.wheel import Installed
@@ -42,6 +44,7 @@ class InstalledDeployment(Deployment):
     """A simulated deployment whose daemon and simulator are the installed ones, run outside the checkout."""
 
     installed: Installed | None = None
+    cwd: Path | None = None  # where the daemon is started (its root by default)
 
     def write(self) -> None:
         super().write()
@@ -56,7 +59,7 @@ class InstalledDeployment(Deployment):
         with open(self.root / "daemon.log", "ab") as log:
             self.daemon = subprocess.Popen(
                 [str(self.installed.bin / "sglang-supervisor"), "run", "--config", str(self.config_path)],
-                cwd=self.root,
+                cwd=self.cwd or self.root,
                 env=self.installed.env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -137,5 +140,36 @@ def test_installed_daemon_decides_a_collective_hang_from_py_spy_stacks(
                 dump[:500]
             )
         assert "--disable-overlap-schedule" in cured["argv"]
+    finally:
+        dep.cleanup()
+
+
+def test_handover_reexecutes_the_installed_program_whatever_the_working_directory_holds(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """A daemon started in a directory holding a checkout of this project (another version of its code) hands
+    over to exactly the installed program: /status keeps the wheel's version, the server is adopted."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(
+        REPO / "supervisor", checkout / "supervisor", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    packaged = checkout / "supervisor" / "packaged.py"
+    packaged.write_text(packaged.read_text() + '\n\ndef version() -> str:\n    return "the-checkout"\n')
+    (tmp_path / "dep").mkdir()
+    dep = InstalledDeployment(tmp_path / "dep", installed=installed, cwd=checkout)
+    try:
+        dep.start()
+        first = dep.wait(lambda s: s["state"] == "serving", what="serving")
+        before = dep.status()
+        assert before["version"] == installed.version
+        handover = subprocess.run(
+            [str(installed.bin / "sglang-supervisor"), "handover", "--url", dep.url],
+            cwd=checkout, env=installed.env(), capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert handover.returncode == 0, handover.stdout + handover.stderr + dep.log_tail()
+        after = dep.status()
+        assert (after["pid"], after["version"]) == (before["pid"], installed.version)
+        assert after["started_at"] != before["started_at"]
+        assert after["servers"][0]["pid"] == first["pid"] and after["servers"][0]["adopted"]["handover"]
     finally:
         dep.cleanup()
