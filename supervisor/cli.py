@@ -30,6 +30,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     chk = sub.add_parser("check-config", help="validate a config file")
     chk.add_argument("--config", required=True, type=Path)
+    chk.add_argument(
+        "--manifest",
+        type=Path,
+        help="a Kubernetes manifest that runs this config: its grace period and probes",
+    )
     hand = sub.add_parser("handover", help="restart the daemon in place, keeping every server (an upgrade)")
     hand.add_argument("--url", default=os.environ.get("SGLSUP_URL", DEFAULT_URL))
     hand.add_argument("--timeout", type=float, default=120.0, help="give up waiting after this many seconds")
@@ -124,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         return cmd_run(args.config, args.log_level)
     if args.cmd == "check-config":
-        return cmd_check(args.config)
+        return cmd_check(args.config, args.manifest)
     if args.cmd == "handover":
         from supervisor.handover import cmd_handover
 
@@ -155,15 +160,18 @@ def _invalid(path: Path, errors: str) -> int:
     return EX_CONFIG
 
 
-def cmd_check(path: Path) -> int:
+def cmd_check(path: Path, manifest: Path | None = None) -> int:
     """Exit 0 when `run` would start; otherwise every error with its field path, exit 78, no traceback.
 
     The config is loaded and built by the same code as `run` (`supervisor.config.prepare`), then each server's
-    args and ladder flags are checked against its own SGLang's `--help`.
+    args and ladder flags are checked against its own SGLang's `--help`. The stop budget is printed; a
+    `manifest` that runs the config is checked against it (warnings; exit 1 when it cannot be read).
     """
     from supervisor.config import ConfigError, load_config
     from supervisor.config.checks import parser_warnings
+    from supervisor.config.manifest import ManifestError, check_manifest
     from supervisor.config.prepare import prepare
+    from supervisor.config.stopbudget import advice, stop_budget
     from supervisor.redaction import secret_file_warnings
 
     try:
@@ -171,7 +179,13 @@ def cmd_check(path: Path) -> int:
         prepare(cfg)
     except ConfigError as exc:
         return _invalid(path, exc.format_errors())
-    for warning in [*secret_file_warnings(cfg), *parser_warnings(cfg)]:
+    budget, short = advice(stop_budget(cfg))
+    try:
+        pod = check_manifest(manifest, cfg) if manifest is not None else []
+    except ManifestError as exc:
+        print(f"check-config: {exc}", file=sys.stderr)
+        return 1
+    for warning in [*secret_file_warnings(cfg), *parser_warnings(cfg), *([budget] if short else []), *pod]:
         print(f"warning: {warning}", file=sys.stderr)
     problems = check_target_flags(cfg)
     if problems:
@@ -179,6 +193,8 @@ def cmd_check(path: Path) -> int:
         print("\n".join(problems), file=sys.stderr)
         return EX_CONFIG
     print(f"{path}: ok ({len(cfg.servers)} server(s): {', '.join(s.name for s in cfg.servers)})")
+    if not short:
+        print(budget)
     return 0
 
 

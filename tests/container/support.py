@@ -89,7 +89,9 @@ class ContainerDeployment(Deployment):
                 Bind(self.installed.venv, VENV_INSIDE),
                 Bind(self.config_path, CONFIG_INSIDE),
             ],
-            options=["--kill-signal=SIGTERM"],  # what `docker stop` sends PID 1
+            # SIGTERM is what `docker stop` sends PID 1; pipes, not a terminal, as `docker run` without -t gives
+            options=["--kill-signal=SIGTERM", "--console=pipe"],
+            private_network=False,
         )
         self.container.log = self.root / "daemon.log"
         self.container.start()
@@ -149,6 +151,12 @@ class ContainerDeployment(Deployment):
             if nspid(child.pid)[-1:] == [inner]:
                 return child.pid
         raise AssertionError(f"no child of PID 1 is the daemon (pid {inner} inside)")
+
+    def signal_pid1(self, sig: signal.Signals) -> None:
+        """`docker kill -s SIG`: a signal to the container's PID 1 from outside."""
+        leader = self.pid1()
+        assert leader is not None
+        os.kill(leader, sig)
 
     def docker_stop(self, timeout_s: float) -> tuple[int | None, float]:
         """`docker stop -t timeout_s`: SIGTERM to PID 1, SIGKILL after the timeout; (exit status, seconds)."""

@@ -70,6 +70,7 @@ class Container:
     command: Sequence[str] = ()
     binds: Sequence[Bind] = ()
     options: Sequence[str] = ()  # more systemd-nspawn options
+    private_network: bool = True  # only its own loopback; False: the host's network
     proc: subprocess.Popen[bytes] | None = None
     namespace: str = ""  # the PID namespace's inode link, once started
     log: Path = field(init=False)
@@ -87,7 +88,7 @@ class Container:
             "-D",
             str(self.hostroot),
             "--volatile=overlay",
-            "--private-network",
+            *(["--private-network"] if self.private_network else []),
             "--register=no",
             "--keep-unit",
             "--link-journal=no",

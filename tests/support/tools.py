@@ -12,6 +12,7 @@ import fcntl
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from functools import partial
@@ -148,3 +149,21 @@ def ensure_haproxy() -> tuple[Path, dict[str, str]]:
 
 def _holds(root: Path, pattern: str) -> bool:
     return any(root.glob(pattern))
+
+
+def ensure_pypi_tools(name: str, packages: list[str]) -> Path:
+    """The `bin` folder of a venv in the cache holding `packages` from PyPI (made once, under the lock)."""
+    venv = CACHE / name
+    done = venv / ".complete"
+    with _locked():
+        if not done.exists():
+            shutil.rmtree(venv, ignore_errors=True)
+            for argv in (
+                [sys.executable, "-m", "venv", str(venv)],
+                [str(venv / "bin" / "pip"), "install", "--quiet", *packages],
+            ):
+                result = _run(argv)
+                if result.returncode != 0:
+                    raise RuntimeError(f"{' '.join(argv)} failed: {result.stderr.strip()[-500:]}")
+            done.touch()
+    return venv / "bin"

@@ -36,10 +36,13 @@ def write(tmp_path: Path, args: str = '"--model-path", "Qwen/Qwen3-8B"', extra: 
     return path
 
 
-@pytest.mark.parametrize("name", ["kimi-k25-8gpu", "pd-1p1d", "simulator"])
-def test_examples_load(name: str) -> None:
-    """Every shipped example is a valid configuration."""
-    config = load_config(ROOT / "examples" / f"{name}.toml", env=SECRETS)
+@pytest.mark.parametrize("name", ["kimi-k25-8gpu", "pd-1p1d", "simulator", "container"])
+def test_examples_load(name: str, tmp_path: Path) -> None:
+    """Every shipped example is a valid configuration (the container's with its token file where it mounts)."""
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    env = {**SECRETS, "SGLSUP_SUPERVISOR__HTTP__TOKEN_FILE": str(token)} if name == "container" else SECRETS
+    config = load_config(ROOT / "examples" / f"{name}.toml", env=env)
     assert config.servers
 
 

@@ -1,0 +1,57 @@
+"""How long a stop of the daemon takes at most: what a stop timeout must give it (`docker stop -t`, a pod's
+`terminationGracePeriodSeconds`, the unit's `TimeoutStopSec=`).
+
+SIGTERM stops every server at once: each is drained (SIGTERM to its main process, up to `drain_grace_s`, then
+SIGKILL of the group) and reaped, its processes, GPUs and ports verified gone, with up to `release_deadline_s` for
+the reap; the alert sinks get `ALERT_FLUSH_S` to deliver what is queued. A stop timeout shorter than that kills
+the daemon mid-drain: in a container the kernel then kills everything of its PID namespace at once (no drain, the
+in-flight requests fail); under systemd, `KillMode=process` leaves the servers to the next start, which adopts or
+reaps them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from supervisor.config.models import Config
+
+ALERT_FLUSH_S = 5
+SLACK_S = 5  # the daemon's own exit: state written, sockets closed
+RECOMMENDED_S = 180  # the shipped unit's TimeoutStopSec=, the Dockerfile's and the pod's stop timeout
+
+
+@dataclass(frozen=True)
+class StopBudget:
+    """The seconds a stop needs, and the sum it comes from."""
+
+    seconds: int
+    why: str
+
+
+def stop_budget(config: Config) -> StopBudget:
+    """The longest a SIGTERM of the daemon takes with this config, over its servers (they stop together)."""
+    release = math.ceil(config.supervisor.release_deadline_s)
+    slowest = max(config.servers, key=lambda s: s.drain_grace_s)
+    grace = math.ceil(slowest.drain_grace_s)
+    total = grace + release + ALERT_FLUSH_S + SLACK_S
+    why = (
+        f"drain_grace_s {grace} ({slowest.name}) + release_deadline_s {release} + alert flush {ALERT_FLUSH_S}"
+        f" + exit {SLACK_S}"
+    )
+    return StopBudget(total, why)
+
+
+def advice(budget: StopBudget) -> tuple[str, bool]:
+    """One line for `check-config`: the budget and the stop timeouts that give it; True when the shipped
+    timeouts are too short for it (a warning)."""
+    short = budget.seconds > RECOMMENDED_S
+    line = (
+        f"stop budget: {budget.seconds} s ({budget.why}): give docker stop -t / --stop-timeout, "
+        f"terminationGracePeriodSeconds and TimeoutStopSec= at least {budget.seconds} s"
+    )
+    if short:
+        line += f"; the shipped unit, Dockerfile and manifest give {RECOMMENDED_S} s: raise them"
+    else:
+        line += f" (the shipped unit, Dockerfile and manifest give {RECOMMENDED_S} s)"
+    return line, short
