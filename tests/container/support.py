@@ -27,7 +27,7 @@ import psutil
 from tests.support import procs
 from tests.support.daemon import Deployment
 from tests.support.nspawn import Bind, Container, nspid
-from tests.support.treewatch import VIOLATIONS, TreeWatch
+from tests.support.treewatch import TreeWatch, stop_and_check
 from tests.support.wait import wait_for
 from tests.support.wheel import Installed
 
@@ -183,37 +183,17 @@ class ContainerDeployment(Deployment):
                     found.append(record)
         return found
 
+    def stop_checked(self) -> list[str]:
+        """Stop the namespace as a container runtime does (SIGTERM to PID 1, the documented timeout), then check
+        the invariants: one tree at a time; nothing left after a clean stop."""
+        assert self.watch is not None
+        if self.daemon is not None and self.daemon.poll() is None and self.pid1() is not None:
+            self.docker_stop(DRAINED_TIMEOUT_S)
+        return stop_and_check(self.daemon, self.watch)
+
     def cleanup(self, record: bool = True) -> list[str]:
-        """Stop the namespace as a container runtime does (SIGTERM to PID 1, the documented timeout), check the
-        invariants (one tree at a time; nothing left after a clean stop), kill whatever is left."""
-        problems: list[str] = []
-        if self.watch is not None:
-            if self.daemon is not None and self.daemon.poll() is None and self.pid1() is not None:
-                self.docker_stop(DRAINED_TIMEOUT_S)
-            checks = [self.watch.check_one_tree]
-            if self.daemon is not None and self.daemon.poll() == 0:
-                checks.append(self.watch.check_nothing_left)
-            for check in checks:
-                try:
-                    check()
-                except AssertionError as exc:
-                    problems.append(str(exc))
-            self.watch.close()
-            self.watch = None
-        if record:
-            VIOLATIONS.extend(problems)
-        if self.daemon is not None and self.daemon.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.daemon.pid, signal.SIGKILL)
-            self.daemon.wait(timeout=10)
+        """The deployment's cleanup, then the container's."""
+        problems = super().cleanup(record)
         if self.container is not None:
             self.container.close()
-        procs.kill_all(self.sim)
         return problems
-
-
-def serving_after(
-    dep: ContainerDeployment, pid: int | None, what: str, timeout: float = 90.0
-) -> dict[str, Any]:
-    """Wait until the server serves with a main PID other than `pid`; its /status entry."""
-    return dep.wait(lambda s: s.get("state") == "serving" and s.get("pid") != pid, timeout, what)

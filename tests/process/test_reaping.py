@@ -92,6 +92,13 @@ class Pid1:
         path = self.tmp / "starts"
         return path.read_text().split() if path.exists() else []
 
+    def stop_when_ready(self, start: int) -> tuple[int, list[dict[str, Any]]]:
+        """Once the `start`-th daemon runs, `docker stop` (SIGTERM to PID 1); PID 1's status and log."""
+        leader = self.leader()
+        wait_for(lambda: (self.tmp / f"ready-{start}").exists(), 30, f"daemon start {start} running")
+        os.kill(leader, signal.SIGTERM)
+        return self.finish()
+
     def finish(self, timeout_s: float = 60) -> tuple[int, list[dict[str, Any]]]:
         """PID 1's exit status and its log lines."""
         try:
@@ -112,10 +119,7 @@ def test_pid1_restarts_a_crashed_daemon_reaps_its_orphan_and_forwards_sigterm(tm
     """The daemon SIGKILLed: PID 1 reaps the orphan it left (status 3 logged), starts a new daemon, passes it
     SIGTERM and exits with its status 0."""
     init = Pid1(tmp_path, "crash_once")
-    leader = init.leader()
-    wait_for(lambda: (tmp_path / "ready-2").exists(), 30, "the second daemon running")
-    os.kill(leader, signal.SIGTERM)
-    code, log = init.finish()
+    code, log = init.stop_when_ready(2)
     assert code == 0
     assert len(init.starts()) == 2
     assert [e["status"] for e in events(log, "init.daemon_exited")] == [-9, 0]
@@ -146,9 +150,6 @@ def test_pid1_gives_up_after_five_quick_failures(tmp_path: Path) -> None:
 def test_pid1_kills_what_outlives_the_daemons_stop(tmp_path: Path) -> None:
     """After the daemon's clean exit, a process it left behind is killed and named before PID 1 exits."""
     init = Pid1(tmp_path, "leftover")
-    leader = init.leader()
-    wait_for(lambda: (tmp_path / "ready-1").exists(), 30, "the daemon running")
-    os.kill(leader, signal.SIGTERM)
-    code, log = init.finish()
+    code, log = init.stop_when_ready(1)
     assert code == 0
     assert len(events(log, "init.leftover")[0]["killed"]) == 1

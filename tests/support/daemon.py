@@ -247,11 +247,16 @@ class Deployment:
         """Each server's GPU device files."""
         return {self.name: self.devices}
 
+    def stop_checked(self) -> list[str]:
+        """Stop the daemon as systemd does (SIGTERM) and say what broke the invariants (tests/support/treewatch.py)."""
+        assert self.watch is not None
+        return stop_and_check(self.daemon, self.watch)
+
     def cleanup(self, record: bool = True) -> list[str]:
         """Stop the daemon gracefully, check the invariants (one tree at a time, nothing left after the stop),
         then kill anything of ours still alive. What broke is returned, and with `record` also kept for the
         per-test check (tests/conftest.py)."""
-        problems = stop_and_check(self.daemon, self.watch) if self.watch is not None else []
+        problems = self.stop_checked() if self.watch is not None else []
         self.watch = None
         if record:
             VIOLATIONS.extend(problems)
