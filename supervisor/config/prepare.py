@@ -2,9 +2,10 @@
 
 `load_config` validates the file; some configs it accepts still cannot start: a secret file that is empty, a
 control token the daemon cannot read, a bind address that is not this host's, an etcd CA file that is no
-certificate, a state directory that is a file, a server command that cannot run. `prepare` builds each of these
-parts the way the daemon uses them and raises `ConfigError` naming the field, so a config `check-config` accepts
-starts, and both commands refuse the others with exit 78 (EX_CONFIG), which systemd does not restart.
+certificate, a state directory that is a file, a server command that cannot run or is a container client (the
+supervisor would own the client, not the container). `prepare` builds each of these parts the way the daemon uses
+them and raises `ConfigError` naming the field, so a config `check-config` accepts starts, and both commands
+refuse the others with exit 78 (EX_CONFIG), which systemd does not restart.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from supervisor.config.errors import ConfigError, FieldError
 from supervisor.config.group import GroupConfig
 from supervisor.config.models import Config, HttpConfig
 from supervisor.group.etcd import EtcdSettings, ssl_context
-from supervisor.host.preflight import command_problem
+from supervisor.host.preflight import command_problem, container_problem
 from supervisor.reporting.status_http import load_token
 
 
@@ -52,12 +53,15 @@ def prepare(config: Config) -> Prepared:
 def _command_errors(config: Config) -> list[FieldError]:
     errors: list[FieldError] = []
     for i, server in enumerate(config.servers):
+        program = server.command[0] if server.command else None
+        where = f"servers[{i}].command ({server.name})"
+        client = container_problem(server.command)
+        if client:
+            errors.append(FieldError(where, program, client))
+            continue
         why = command_problem(server.command, server.env)
         if why:
-            program = server.command[0] if server.command else None
-            errors.append(
-                FieldError(f"servers[{i}].command ({server.name})", program, f"a program that runs: {why}")
-            )
+            errors.append(FieldError(where, program, f"a program that runs: {why}"))
     return errors
 
 

@@ -1,8 +1,9 @@
 """Before a launch: can the server's command run at all, and is its port held by someone else?
 
 `command_problems` is a config error for `check-config` and `run` (a missing or non-executable program never
-becomes a crash loop). An interpreter that exists but lacks the module it is asked to run passes here; the
-flag check (`flaghelp`) then notes that the flags were not checked. `port_holders` names who listens on a
+becomes a crash loop), and so is `container_problem`: a container client as the command (`docker run …`) would
+make the supervisor own the client, not the container. An interpreter that exists but lacks the module it is
+asked to run passes here; the flag check (`flaghelp`) then notes that the flags were not checked. `port_holders` names who listens on a
 port the server needs, before the launch rather than after a failed start and a release wait.
 """
 
@@ -25,6 +26,32 @@ if TYPE_CHECKING:
     from supervisor.config import Config, ServerConfig
 
 LOOPBACK = "127.0.0.1"
+# Programs that start or reach a container through a daemon or an API: killing one leaves its container running.
+CONTAINER_CLIENTS = frozenset(
+    {"docker", "podman", "podman-remote", "nerdctl", "kubectl", "crictl", "ctr"}
+    | {"docker-compose", "podman-compose"}
+)
+CONTAINER_RUNBOOK = "runbook.md#running-in-a-container"
+
+
+def container_client(command: Sequence[str]) -> str | None:
+    """The container client `command` runs (`docker`, `docker compose`, `kubectl`…), or None."""
+    name = Path(command[0]).name if command else ""
+    if name not in CONTAINER_CLIENTS:
+        return None
+    return f"{name} compose" if list(command[1:2]) == ["compose"] else name
+
+
+def container_problem(command: Sequence[str]) -> str | None:
+    """Why a container client cannot be a server's command, or None when `command` is not one."""
+    client = container_client(command)
+    if client is None:
+        return None
+    return (
+        f"the server's own program, not a container client: the supervisor would own the {client} process, "
+        "not the container, and killing it leaves the container on the GPUs; run the supervisor inside the "
+        f"container instead ({CONTAINER_RUNBOOK})"
+    )
 
 
 def command_problem(command: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:
