@@ -2,7 +2,8 @@
 
 Exit 0 when the config validates as `check-config` loads it (the programs and flags of this host are checked by
 `check-config` itself), 1 when it does not yet (it is still written, with every error in the summary), when an
-input cannot be read, or when `-o FILE` exists and `--force` is not given; 2 for no input at all.
+input cannot be read or its server cannot be inferred (a container whose command is not SGLang's: nothing is
+written), or when `-o FILE` exists and `--force` is not given; 2 for no input at all.
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ def run_import(
         sources: list[Source] = [from_unit(path, stdin) for path in units]
         if command:
             sources.append(from_command(command))
+        plans = plan_deployment(sources, parsers)
     except ImportProblem as exc:
         print(f"import: {exc}", file=err)
         return 1
-    plans = plan_deployment(sources, parsers)
     text = render_config(plans)
     problems = _validate(text, output, plans)
     for plan, line in problems:
@@ -75,6 +76,8 @@ def _validate(text: str, output: Path | None, plans: list[ServerPlan]) -> list[t
     except ConfigError as exc:
         return [(plans[0], f"config: {line}") for line in exc.format_errors().splitlines()]
     for plan, server in zip(plans, config.servers, strict=True):
+        if plan.container is not None:
+            continue  # it runs inside the image: check-config there checks it
         why = command_problem(server.command, server.env)
         if why:
             found.append((plan, f"command: {why} on this host (check-config refuses it)"))

@@ -2,7 +2,8 @@
 
 One host runs one supervisor, which owns every SGLang server of that host; a PD pair given as two units (plus
 a router's) therefore becomes one config with a server each, never two configs (two daemons would fight over
-the same state directory, status port and GPUs).
+the same state directory, status port and GPUs). A server that ran in a container is imported alone: its
+supervisor runs in that container's image, which neither another container's servers nor a host's programs share.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from collections import Counter
 
 from policies import argv
 from policies.pd import Role
+from supervisor.importing import suggest
 from supervisor.importing.infer import ServerPlan, family_of, plan_server
-from supervisor.importing.source import Source
+from supervisor.importing.source import ImportProblem, Source
 
 SGLANG_DEFAULT_PORT = 30000
 BOOTSTRAP_DEFAULT_PORT = 8998
@@ -40,8 +42,20 @@ def server_name(plan: ServerPlan) -> str:
 
 
 def plan_deployment(sources: list[Source], parsers: str) -> list[ServerPlan]:
-    """One server per source, named uniquely, with what would clash between them said in their checks."""
+    """One server per source, named uniquely, with what would clash between them said in their checks;
+    ImportProblem for a container among several sources."""
+    contained = [(s.label, s.container.run.label) for s in sources if s.container is not None]
+    if contained and len(sources) > 1:
+        label, container = contained[0]
+        raise ImportProblem(
+            f"{label}: {container} is imported alone (its supervisor runs in its image, which the other "
+            "servers do not share); import each container's unit by itself, or write the SGLang commands as "
+            "the ExecStart= of plain units, import those together and run that supervisor inside one image "
+            "(examples/Dockerfile)"
+        )
     plans = [plan_server(source, parsers) for source in sources]
+    for plan in plans:
+        suggest.apply(plan)
     taken: set[str] = set()
     for plan in plans:
         base = server_name(plan)

@@ -1,10 +1,8 @@
 """From what a server is started with today (`Source`) to a `[[servers]]` entry, saying what was inferred.
 
 Rules:
-- command: a Python launcher is the interpreter (with its own options) and `-m MODULE`
-  (`sglang.launch_server`, `sglang_router.launch_router`, the bundled `simulator.launch_server`); the SGLang CLI
-  is `sglang serve`; any other program (a wrapper script) is the command alone. The rest is `args`, read as
-  SGLang's own parser reads them (`policies.argv`).
+- command: the launcher (`supervisor.importing.launchers`); the rest is `args`, read as SGLang's own parser
+  reads them (`policies.argv`).
 - role: `router` for the router module, else `prefill`/`decode` from `--disaggregation-mode`, else `unified`.
 - gpus: the integers of `CUDA_VISIBLE_DEVICES` when the unit sets it (the supervisor sets that variable from
   `gpus`, so it leaves `env`); without it, tp × pp × dp GPUs (tp × pp with `--enable-dp-attention`, divided by
@@ -16,6 +14,7 @@ Rules:
 - parsers: the model family's (`policies.parsers_table`), set as the daemon's pre-launch fix would set them
   (`parsers="add"`), or left as they are with a warning (`parsers="keep"`).
 - `--enable-metrics` is added: the progress lease that finds decode wedges and collective hangs reads `/metrics`.
+- in a container (`Source.container`), the GPUs are then those the container sees (`supervisor.importing.suggest`).
 """
 
 from __future__ import annotations
@@ -29,18 +28,14 @@ from policies.parsers_table import FAMILIES, expected_parsers
 from policies.pd import Role
 from policies.plan import PARSER_KEY, build_argv, parser_ladder, parser_mismatches
 from policies.secrets import redact_env
+from supervisor.importing.incontainer import Container
+from supervisor.importing.launchers import split_command
 from supervisor.importing.source import Source
 
-LAUNCH_MODULES = {
-    "sglang.launch_server": Role.UNIFIED,
-    "simulator.launch_server": Role.UNIFIED,
-    "sglang_router.launch_router": Role.ROUTER,
-}
 BIG_MOE_FAMILIES = ("kimi", "deepseek", "glm", "minimax")
 BUDGET_LARGE_S, BUDGET_DEFAULT_S, BUDGET_SMALL_S = 2400, 1800, 900
 HEALTH_PROBE_MARGIN_S = 15
 _SIZE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)b(?![a-z0-9])")
-_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 _HIDDEN_HOMES = ("/root/", "/home/")
 _PATH_FLAGS = ("--model-path", "--tokenizer-path", "--speculative-draft-model-path")
 
@@ -58,24 +53,14 @@ class ServerPlan:
     startup_budget_s: int
     source: str
     health_timeout_s: int | None = None
+    gpu_device_paths: list[str] = field(default_factory=list)
+    container: Container | None = None  # the container it ran in: the supervisor runs in the same image
     expected: tuple[str | None, str | None] | None = None
     comments: dict[str, str] = field(default_factory=dict)  # TOML key → trailing comment
     arg_notes: dict[str, str] = field(default_factory=dict)  # flag key → why the import put it there
     removed: list[str] = field(default_factory=list)  # flags the import dropped, with why
     inferred: list[str] = field(default_factory=list)
     check: list[str] = field(default_factory=list)
-
-
-def split_command(words: list[str]) -> tuple[list[str], list[str], Role | None]:
-    """(command, args, the role the launcher implies or None when it does not say)."""
-    program = words[0].rsplit("/", 1)[-1]
-    if _PYTHON.match(program) and "-m" in words:
-        at = words.index("-m")
-        if at + 1 < len(words):
-            return words[: at + 2], words[at + 2 :], LAUNCH_MODULES.get(words[at + 1])
-    if program == "sglang" and words[1:2] == ["serve"]:
-        return words[:2], words[2:], Role.UNIFIED
-    return words[:1], words[1:], None
 
 
 def plan_server(source: Source, parsers: str) -> ServerPlan:
@@ -96,6 +81,7 @@ def plan_server(source: Source, parsers: str) -> ServerPlan:
         source=source.label,
         inferred=list(source.read),
         check=list(source.check),
+        container=source.container,
     )
     if launcher_role is None:
         plan.check.append(
@@ -122,7 +108,8 @@ def plan_server(source: Source, parsers: str) -> ServerPlan:
             f"speculative decoding ({speculative}): the spec_decode ladders apply (a kernel spin or a crash "
             "without another cause relaunches without --speculative-*)"
         )
-    _hidden_paths(plan)
+    if plan.container is None:
+        _hidden_paths(plan)
     return plan
 
 

@@ -14,10 +14,13 @@ from collections.abc import Sequence
 from policies import argv
 from policies.pd import Role
 from policies.secrets import SECRET_ENV
+from supervisor.importing import suggest
+from supervisor.importing.incontainer import Container
 from supervisor.importing.infer import ServerPlan, env_summary
 
-STATE_DIR = "/var/lib/sglang-supervisor"  # StateDirectory= of systemd/sglang-supervisor.service
-LOG_DIR = "/var/log/sglang-supervisor"  # LogsDirectory= of the same unit
+# StateDirectory= and LogsDirectory= of systemd/sglang-supervisor.service; the same paths in the image.
+STATE_DIR = "/var/lib/sglang-supervisor"
+LOG_DIR = "/var/log/sglang-supervisor"
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -65,10 +68,15 @@ def _server(plan: ServerPlan) -> list[str]:
     out.append(
         f"# ExecStart= of {plan.source}" if plan.source.endswith(".service") else f"# from {plan.source}"
     )
+    if plan.container is not None:
+        out.append(f"# the command inside {plan.container.run.label}: the supervisor runs in the same image")
     out.append(f"command = {_list(plan.command)}")
     out += _args(plan)
     if plan.role is not Role.ROUTER:
         out.append(_line(f"gpus = {plan.gpus}", plan.comments.get("gpus")))
+        if plan.gpu_device_paths:
+            paths = f"gpu_device_paths = {_list(plan.gpu_device_paths)}"
+            out.append(_line(paths, plan.comments.get("gpu_device_paths")))
         out.append(
             _line(f"startup_budget_s = {plan.startup_budget_s}", plan.comments.get("startup_budget_s"))
         )
@@ -100,22 +108,32 @@ def _server(plan: ServerPlan) -> list[str]:
 def render_config(plans: Sequence[ServerPlan]) -> str:
     """The config file: `[supervisor]` as the shipped unit expects, one `[[servers]]` per plan, alerts to fill."""
     sources = ", ".join(dict.fromkeys(p.source for p in plans))
+    container = next((p.container for p in plans if p.container is not None), None)
+    check = (
+        f"inside the image: sglang-supervisor check-config --config {suggest.CONFIG_IN_IMAGE}"
+        if container
+        else "sudo -u sglang sglang-supervisor check-config --config THIS_FILE"
+    )
+    state, logs = (
+        ("in the container", "in the container")
+        if container
+        else ("the unit's StateDirectory=", "the unit's LogsDirectory=")
+    )
     out = [
         f"# Imported from {sources} by `sglang-supervisor import`.",
         "# Every field: docs/config.md (`sglang-supervisor files config-reference`). Before starting the daemon:",
-        "#   sudo -u sglang sglang-supervisor check-config --config THIS_FILE",
+        f"#   {check}",
         "",
         "[supervisor]",
         _line(
             f"state_dir = {toml_str(STATE_DIR)}",
-            "the unit's StateDirectory=: state.json, incidents, forensics",
+            f"{state}: state.json, incidents, forensics",
         ),
-        _line(f"log_dir = {toml_str(LOG_DIR)}", "the unit's LogsDirectory=: <server>.log, SGLang's output"),
+        _line(f"log_dir = {toml_str(LOG_DIR)}", f"{logs}: <server>.log, SGLang's output"),
         'gpu_backend = "nvml"',
         "",
         "[supervisor.http]",
-        _line('host = "127.0.0.1"', "/status, /metrics, /incidents: loopback; elsewhere needs token_file"),
-        "port = 9400",
+        *_http(container),
         _line('token_file = ""', "a file holding the bearer token of POST /control/*; empty = control off"),
     ]
     for plan in plans:
@@ -127,6 +145,21 @@ def render_config(plans: Sequence[ServerPlan]) -> str:
         '# url_env = "ALERT_WEBHOOK_URL"',
     ]
     return "\n".join(out) + "\n"
+
+
+def _http(container: Container | None) -> list[str]:
+    """Where the status server listens: loopback, or in a container of its own network every address of it."""
+    if container is None or suggest.shares_host_network(container):
+        note = "/status, /metrics, /incidents: loopback; elsewhere needs token_file"
+        return [_line('host = "127.0.0.1"', note), f"port = {suggest.STATUS_PORT}"]
+    return [
+        _line('host = "0.0.0.0"', "every address of the container: the published port reaches it"),
+        f"port = {suggest.STATUS_PORT}",
+        _line(
+            "allow_public_without_token = true",
+            f"published on the host's loopback ({suggest.STATUS_PUBLISH})",
+        ),
+    ]
 
 
 def render_summary(plans: Sequence[ServerPlan], written_to: str | None) -> str:
@@ -142,6 +175,9 @@ def render_summary(plans: Sequence[ServerPlan], written_to: str | None) -> str:
         if plan.check:
             out.append("  check:")
             out += [f"  ! {line}" for line in plan.check]
+    container = next((p.container for p in plans if p.container is not None), None)
+    if container is not None:
+        return "\n".join([*out, *suggest.summary(container, written_to)]) + "\n"
     target = written_to or "FILE"
     out += [
         "",

@@ -6,7 +6,9 @@
 a glob reads every match in order), then the one `ExecStart=` command with its prefixes, its `%` specifiers and
 its variables expanded from that environment. `from_command` takes a command line the shell already split;
 leading `NAME=value` words (or `env NAME=value …`) are its environment. Either may be a shell wrapper
-(`bash -c 'source …/activate && exec python -m …'`), unwrapped by `supervisor.importing.shell`.
+(`bash -c 'source …/activate && exec python -m …'`), unwrapped by `supervisor.importing.shell`, and either may
+start a container (`docker run … IMAGE python3 -m sglang.launch_server …`): the server is then the command
+inside it, with the container's environment (`supervisor.importing.incontainer`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from supervisor.host.preflight import container_client
+from supervisor.importing.container import ContainerRefused
+from supervisor.importing.incontainer import Container, inside
 from supervisor.importing.shell import ShellScriptRefused, is_wrapper, unwrap
 from supervisor.importing.unitfile import Setting, parse_env_file, parse_unit
 from supervisor.importing.words import (
@@ -61,6 +66,7 @@ class Source:
     env: dict[str, str]
     read: list[str] = field(default_factory=list)  # what was read and how (summary)
     check: list[str] = field(default_factory=list)  # what the operator must look at (summary)
+    container: Container | None = None  # the container it runs in today (argv and env are what runs inside)
 
 
 def from_unit(path: Path, stdin: TextIO = sys.stdin) -> Source:
@@ -168,7 +174,9 @@ def _command(service: list[Setting], unit: str, env: dict[str, str], source: Sou
     source.env = env
     source.check += warnings
     _unwrap_shell(source)
-    source.argv[0] = _systemd_program(source.argv[0], source)
+    _enter_container(source)
+    if source.container is None:
+        source.argv[0] = _systemd_program(source.argv[0], source)
 
 
 def _unwrap_shell(source: Source) -> None:
@@ -183,6 +191,20 @@ def _unwrap_shell(source: Source) -> None:
         ) from exc
     source.argv = found.argv
     source.env.update(found.env)
+    source.read += found.notes
+    source.check += found.check
+
+
+def _enter_container(source: Source) -> None:
+    """`docker run … IMAGE python3 -m sglang.launch_server …` → the SGLang command and the container's env."""
+    if container_client(source.argv) is None:
+        return
+    try:
+        found = inside(source.argv, source.env)
+    except ContainerRefused as exc:
+        raise ImportProblem(f"{source.label}: {exc}") from exc
+    source.argv, source.env, source.container = found.argv, found.env, found.container
+    source.name_hint = source.name_hint or found.container.run.last("--name") or ""
     source.read += found.notes
     source.check += found.check
 
@@ -215,7 +237,10 @@ def from_command(words: list[str]) -> Source:
         raise ImportProblem("no command after the NAME=value assignments")
     source = Source("the command line", "", rest, env)
     _unwrap_shell(source)
+    _enter_container(source)
     program = source.argv[0]
+    if source.container is not None:
+        return source
     if "/" not in program:
         found = shutil.which(program)
         if found:

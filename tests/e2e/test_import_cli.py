@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -45,3 +46,44 @@ def test_imported_kimi_unit_passes_check_config(tmp_path: Path) -> None:
         [CLI, "import", str(unit), "-o", str(config)], capture_output=True, text=True, env=env
     )
     assert again.returncode == 1 and "--force" in again.stderr
+
+
+def test_imported_docker_unit_passes_check_config_and_a_docker_command_is_refused(tmp_path: Path) -> None:
+    """A docker unit whose container runs the simulator: `import -o` exits 0 with the command inside the
+    container and the supervisor's run in the image on stderr; `check-config` accepts the file, and refuses the
+    same config with `command = ["/usr/bin/docker", …]` (exit 78, the field path and the reason on stderr)."""
+    text = (UNITS / "containers" / "sglang-docker.service").read_text()
+    inside = "python3 -m sglang.launch_server"
+    assert inside in text
+    unit = tmp_path / "sglang-llama.service"
+    unit.write_text(text.replace(inside, SIMULATED))
+    config = tmp_path / "config.toml"
+    env = {
+        **os.environ,
+        "SGLSUP_SUPERVISOR__STATE_DIR": str(tmp_path / "state"),
+        "SGLSUP_SUPERVISOR__LOG_DIR": str(tmp_path / "log"),
+    }
+    imported = subprocess.run(
+        [CLI, "import", str(unit), "-o", str(config)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert "run the supervisor inside the image" in imported.stderr
+    assert "--stop-timeout 180" in imported.stderr and "hf_0123456789abcdefghij" not in imported.stderr
+    server = tomllib.loads(config.read_text())["servers"][0]
+    assert server["command"] == [sys.executable, "-m", "simulator.launch_server"]
+    checked = subprocess.run(
+        [CLI, "check-config", "--config", str(config)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "ok (1 server(s): llama)" in checked.stdout
+    client = '["/usr/bin/docker", "run", "--gpus", "all", "lmsysorg/sglang:v0.5.3-cu126", "python3"]'
+    config.write_text(
+        config.read_text().replace(f"command = {json.dumps(server['command'])}", f"command = {client}")
+    )
+    assert "/usr/bin/docker" in config.read_text()
+    refused = subprocess.run(
+        [CLI, "check-config", "--config", str(config)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert refused.returncode == 78, refused.stdout + refused.stderr
+    assert "servers[0].command (llama): got '/usr/bin/docker'" in refused.stderr
+    assert "not the container" in refused.stderr and "runbook.md#running-in-a-container" in refused.stderr
