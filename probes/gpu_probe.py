@@ -31,7 +31,7 @@ def _num(entry: dict[str, Any], key: str) -> float:
 
 @dataclass
 class GpuWatch:
-    """Remembers which Xid events were already reported."""
+    """Remembers which Xid events were already reported (`seen` may be shared by a server's launches)."""
 
     started_wall: float = field(default_factory=time.time)
     seen: set[tuple[int, int, float]] = field(default_factory=set)

@@ -77,6 +77,7 @@ class Monitor:
         log_lines: Callable[[], list[str]],
         pids_for_stacks: Callable[[], dict[int, str]],
         canary_url: str | None = None,
+        xids_seen: set[tuple[int, int, float]] | None = None,
     ) -> None:
         self.server, self.role, self.model, self.settings = server, role, model, settings
         self.base_url = base_url.rstrip("/")
@@ -90,6 +91,8 @@ class Monitor:
         self._cuts = (0.0, 0.0)  # what _prune dropped: older than these, in _window and in _routine
         self._latest: dict[str, Observation] = {}
         self._logs, self._gpu, self._progress = LogWatch(), GpuWatch(), ProgressTracker(role)
+        if xids_seen is not None:  # an Xid an earlier launch of the server reported is not reported again
+            self._gpu.seen = xids_seen
         self.reset(time.monotonic())
 
     def reset(self, now: float) -> None:

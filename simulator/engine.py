@@ -172,7 +172,7 @@ class Engine:
         if user and f.check("runtime_cuda_oom_crash", concurrency=concurrency, prompt_tokens=prompt):
             return "oom", self.step_s
         if user and self.overlap and f.check("illegal_memory_access", concurrency=concurrency):
-            return "ima", self.step_s
+            return ("ima" if self._ima_due() else ""), self.step_s
         if user and f.check("zombie_after_cpp_abort"):
             return "abort", self.step_s
         if user and f.check("health_false_negative_long_prefill", prompt_tokens=prompt):
@@ -183,6 +183,14 @@ class Engine:
             if time.monotonic() < self.long_prefill_until:
                 return "", float(fault.params.get("chunk_s", 25)) if fault else 25.0
         return "", self.step_s
+
+    def _ima_due(self) -> bool:
+        """The rank aborts `crash_after_s` after the fault fired (0: at once); until then the GPU's Xid is on record
+        while the ranks still run, as when a card falls off the bus and the next CUDA call fails."""
+        fault = self.faults.fired("illegal_memory_access")
+        if fault is None or fault.fired_at is None:
+            return True
+        return time.time() >= fault.fired_at + float(fault.params.get("crash_after_s", 0))
 
     def _step(self, new: list[Req], running: list[Req]) -> None:
         mode, step_s = self._choose_mode(running)

@@ -202,11 +202,12 @@ class Launch:
             time.sleep(1.0 if self.ready else 0.2)
 
     def _new_xids(self) -> dict[int, list[dict[str, Any]]]:
-        """An illegal memory access leaves Xid 13 on the first GPU (once)."""
-        if self.xid_sent or not self.faults.fired("illegal_memory_access"):
+        """An illegal memory access leaves its Xid (param `xid`, 13 by default) on the first GPU (once)."""
+        fault = self.faults.fired("illegal_memory_access")
+        if self.xid_sent or fault is None:
             return {}
         self.xid_sent = True
-        return {self.gpus[0]: [{"xid": 13, "at": time.time()}]}
+        return {self.gpus[0]: [{"xid": int(fault.params.get("xid", 13)), "at": time.time()}]}
 
     def publish_stopped(self) -> None:
         """The ranks are gone: their GPUs are free (and any Xid of the crash is on record)."""

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -88,6 +88,7 @@ class MonitorSpec:
     gpu: Callable[[], list[dict[str, Any]]] | None
     log_lines: Callable[[], list[str]]
     pids_for_stacks: Callable[[], dict[int, str]]
+    xids_seen: set[tuple[int, int, float]] = field(default_factory=set)  # Xid events reported, over launches
 
 
 class Host(Protocol):
@@ -324,6 +325,7 @@ class RealHost:
             gpu=spec.gpu,
             log_lines=spec.log_lines,
             pids_for_stacks=spec.pids_for_stacks,
+            xids_seen=spec.xids_seen,
         )
 
 

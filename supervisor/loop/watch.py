@@ -84,6 +84,7 @@ class Watch:
         self.waiting_for = ""
         self.settings = ProbeSettings()  # this launch's, from the config (a reload replaces them)
         self._titles: list[str] | None = None
+        self.xids_seen: set[tuple[int, int, float]] = set()  # reported once per server, not once per launch
 
     # ---- what the host shows, for the monitor's readers
     def tree_view(self) -> TreeView:
@@ -161,6 +162,7 @@ class Watch:
             gpu=loop.svc.host.gpu_reader(loop.cfg.gpus),
             log_lines=self.new_lines,
             pids_for_stacks=self.rank_pids,
+            xids_seen=self.xids_seen,
         )
         return loop.svc.host.monitor(spec)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -199,6 +200,24 @@ def test_gpu_spin_busy_and_xids_once() -> None:
     assert first.values["spin"] == [0] and first.values["busy"] == [1]
     assert first.values["xids"] == [{"index": 0, "xid": 79, "at": 1001.0}] and not first.ok
     assert watch.observe(lambda: gpus, 2.0).values["xids"] == []
+
+
+async def test_an_xid_reported_by_one_launch_is_not_reported_by_the_next() -> None:
+    """The relaunch after a GPU fault (an operator's restart) does not fail again on the Xid already acted on."""
+    event = {"xid": 79, "at": time.time()}
+    gpus = [{"index": 0, "utilization_gpu": 0, "power_w": 90, "xid_events": [event]}]
+    seen: set[tuple[int, int, float]] = set()
+    xids = []
+    for _ in range(2):  # two launches of one server
+        monitor = Monitor(
+            server="s", role="unified", base_url="http://127.0.0.1:9", model="m", settings=ProbeSettings(),
+            tree=TreeView, gpu=lambda: gpus, log_lines=list, pids_for_stacks=dict, xids_seen=seen,
+        )  # fmt: skip
+        try:
+            xids += [o.values["xids"] for o in await monitor.tick(time.monotonic()) if o.probe == "gpu"]
+        finally:
+            await monitor.aclose()
+    assert xids == [[{"index": 0, **event}], []]
 
 
 def test_gpu_reader_error_is_an_observation() -> None:
