@@ -7,6 +7,11 @@ the reap; the alert sinks get `ALERT_FLUSH_S` to deliver what is queued. A stop 
 the daemon mid-drain: in a container the kernel then kills everything of its PID namespace at once (no drain, the
 in-flight requests fail); under systemd, `KillMode=process` leaves the servers to the next start, which adopts or
 reaps them.
+
+Not in the budget: the checks after the reap that the GPUs and then the ports are free (up to
+`release_deadline_s` each, on a GPU or port still held). By then no process of ours is left to drain, so a kill
+only cuts the check short (the next start checks again). A stop that finds a recovery under way waits for its
+forensics (`FORENSICS_S`) instead of a drain, then its kill-mode reap: the longer of the two counts.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from supervisor.config.models import Config
+from supervisor.host.forensics import BUDGET_S as FORENSICS_S
 
 ALERT_FLUSH_S = 5
 SLACK_S = 5  # the daemon's own exit: state written, sockets closed
@@ -34,11 +40,10 @@ def stop_budget(config: Config) -> StopBudget:
     release = math.ceil(config.supervisor.release_deadline_s)
     slowest = max(config.servers, key=lambda s: s.drain_grace_s)
     grace = math.ceil(slowest.drain_grace_s)
-    total = grace + release + ALERT_FLUSH_S + SLACK_S
-    why = (
-        f"drain_grace_s {grace} ({slowest.name}) + release_deadline_s {release} + alert flush {ALERT_FLUSH_S}"
-        f" + exit {SLACK_S}"
-    )
+    forensics = math.ceil(FORENSICS_S)
+    first = f"drain_grace_s {grace} ({slowest.name})" if grace >= forensics else f"forensics {forensics}"
+    total = max(grace, forensics) + release + ALERT_FLUSH_S + SLACK_S
+    why = f"{first} + release_deadline_s {release} + alert flush {ALERT_FLUSH_S} + exit {SLACK_S}"
     return StopBudget(total, why)
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from supervisor.config import Config, load_config
 from supervisor.config.manifest import ManifestError, check_manifest
@@ -29,13 +33,20 @@ def check(tmp_path: Path, config: Config, text: str) -> list[str]:
     return check_manifest(path, config)
 
 
-def test_the_stop_budget_is_the_drain_the_reap_and_the_flush() -> None:
+def test_the_stop_budget_is_the_drain_the_reap_and_the_flush(config: Config) -> None:
     """Defaults: drain_grace_s 30 + release_deadline_s 60 + 5 s alert flush + 5 s exit = 100 s, inside 180 s."""
-    config = load_config(ROOT / "examples" / "simulator.toml", env={})
     budget = stop_budget(config)
-    assert budget.seconds == 5 + 60 + 5 + 5  # the simulator example drains for 5 s
+    assert budget.seconds == 30 + 60 + 5 + 5
+    assert budget.why.startswith("drain_grace_s 30 (kimi) + release_deadline_s 60")
     line, short = advice(budget)
     assert not short and line.startswith(f"stop budget: {budget.seconds} s")
+
+
+def test_a_drain_shorter_than_the_forensics_counts_the_forensics() -> None:
+    """drain_grace_s 5: a stop during a recovery first waits for its 10 s of forensics, so 10 s count, not 5."""
+    budget = stop_budget(load_config(ROOT / "examples" / "simulator.toml", env={}))
+    assert budget.seconds == 10 + 60 + 5 + 5
+    assert budget.why.startswith("forensics 10 + release_deadline_s 60")
 
 
 def test_a_drain_longer_than_the_shipped_timeouts_is_a_warning(tmp_path: Path) -> None:
@@ -98,3 +109,22 @@ def test_an_unreadable_manifest_or_one_without_a_pod_is_refused(
     """Bad YAML, or no workload in it: a ManifestError naming the file."""
     with pytest.raises(ManifestError, match=r"pod\.yaml"):
         check(tmp_path, config, text)
+
+
+def test_the_shipped_pod_mounts_the_config_and_token_where_the_image_reads_them() -> None:
+    """One projected volume (no subPath: edits reach a reload) puts config.toml at the entrypoint's --config and the
+    token at container.toml's token_file, readable by the supervisor only."""
+    deployment = next(d for d in yaml.safe_load_all(MANIFEST) if d["kind"] == "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
+    etc = mounts["/etc/sglang-supervisor"]
+    assert "subPath" not in etc
+    projected = volumes[etc["name"]]["projected"]
+    files = {i["path"] for source in projected["sources"] for kind in source.values() for i in kind["items"]}
+    raw = tomllib.loads((ROOT / "examples" / "container.toml").read_text())
+    token = Path(raw["supervisor"]["http"]["token_file"])
+    assert {"config.toml", token.name} == files and token.parent == Path("/etc/sglang-supervisor")
+    assert projected["defaultMode"] == 0o400
+    entrypoint = re.search(r"^ENTRYPOINT (.+)$", (ROOT / "examples" / "Dockerfile").read_text(), re.MULTILINE)
+    assert entrypoint and json.loads(entrypoint.group(1))[-1] == "/etc/sglang-supervisor/config.toml"
