@@ -10,6 +10,7 @@ against the shared vocabulary so a typo cannot create an unbounded or misspelt s
 from __future__ import annotations
 
 import platform
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -228,6 +229,11 @@ class SupervisorMetrics:
             registry=reg,
         )
         build.labels(version=version or _version(), python=platform.python_version()).set(1)
+        Gauge(
+            _PREFIX + "start_time_seconds",
+            "Unix time this supervisor process started: its counters count from then.",
+            registry=reg,
+        ).set(time.time())
         self._servers: set[str] = set()
 
     def _declare_server(self, server: str) -> None:

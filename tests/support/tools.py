@@ -91,6 +91,11 @@ def ensure_promtool() -> Path:
     return _ensure("prometheus", "promtool")
 
 
+def ensure_prometheus() -> Path:
+    """Path to the Prometheus server from the Debian `prometheus` package (the API needs none of its web assets)."""
+    return _ensure("prometheus", "prometheus")
+
+
 def ensure_alertmanager() -> Path:
     """Path to an Alertmanager binary from the Debian package; run it with `cwd=path.parents[2]`.
 
