@@ -24,6 +24,7 @@ from supervisor.config.prepare import prepare
 from supervisor.group.etcd import EtcdClient
 from supervisor.group.member import GroupMember
 from supervisor.group.report import GroupReporter
+from supervisor.handover import HANDOVER_WATCHDOG_S
 from supervisor.host.gpu import open_backend
 from supervisor.host.reaping import OrphanReaper, become_subreaper
 from supervisor.loop.clock import Clock, SystemClock
@@ -102,6 +103,7 @@ class Daemon:
         self.svc.loops = {loop.name: loop for loop in self.loops}
         self.metrics.watch_servers(lambda: [loop.owner.gauges() for loop in self.loops])
         self.started = self.clock.wall()
+        self.version = version()  # the running program's: a wheel installed over it shows after a handover
         self.stop_event = asyncio.Event()
         self.handing_over = False  # SIGUSR2: `run` re-executes the daemon after leaving every run alive
         self._reap_due: asyncio.TimerHandle | None = None
@@ -131,7 +133,7 @@ class Daemon:
     def status_document(self) -> dict[str, Any]:
         """The `/status` document."""
         return {
-            "version": version(),
+            "version": self.version,
             "state": self.state.value,
             "status_line": self.status_line(),
             "pid": os.getpid(),
@@ -286,7 +288,8 @@ class Daemon:
         self.stop_event.set()
 
     async def run(self) -> int:
-        """Run until SIGTERM/SIGINT (stop every server in order) or SIGUSR2 (hand every server over); 0."""
+        """Run until SIGTERM/SIGINT (stop every server in order) or SIGUSR2 (hand every server over); 0 (1 when
+        the status server cannot bind, before any server starts)."""
         aio = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             aio.add_signal_handler(sig, self.stop_event.set)
@@ -297,7 +300,12 @@ class Daemon:
             become_subreaper()
             aio.add_signal_handler(signal.SIGCHLD, self._reap_soon)
         await self.alerts.start()
-        await self.status.start()
+        try:
+            await self.status.start()
+        except OSError as exc:  # the port taken (another daemon, a stale listener): say so, exit, be retried
+            log.error("daemon.status_bind_failed", url=self.status.url, error=exc.strerror or str(exc))
+            await self.alerts.aclose(1.0)
+            return 1
         ticker = asyncio.create_task(self.tick())
         tasks = [asyncio.create_task(loop.run_forever(), name=f"server.{loop.name}") for loop in self.loops]
         sdnotify.ready(self.status_line())
@@ -311,6 +319,7 @@ class Daemon:
         if self.handing_over:
             log.info("daemon.handover", hint="every run is left to the daemon that follows (same PID)")
             sdnotify.notify("RELOADING=1", "STATUS=handing over to a new daemon; the servers keep serving")
+            sdnotify.watchdog_for(HANDOVER_WATCHDOG_S)
         else:
             log.info("daemon.stopping")
             sdnotify.stopping()

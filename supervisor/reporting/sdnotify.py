@@ -32,15 +32,28 @@ def notify(*fields: str) -> bool:
 
 
 def ready(status_line: str | None = None) -> bool:
-    """`READY=1`: the supervisor is up (its loop and HTTP server), not necessarily SGLang."""
-    if status_line is None:
-        return notify("READY=1")
-    return notify("READY=1", _status(status_line))
+    """`READY=1`: the supervisor is up (its loop and HTTP server), not necessarily SGLang. Under a watchdog it
+    also sets the unit's own `WatchdogSec=` again (`WATCHDOG_USEC=` as systemd gave it), which a handover's
+    `watchdog_for` had lengthened."""
+    fields = ["READY=1"]
+    if watchdog_interval_s() is not None:
+        fields += ["WATCHDOG=1", f"WATCHDOG_USEC={os.environ['WATCHDOG_USEC']}"]
+    if status_line is not None:
+        fields.append(_status(status_line))
+    return notify(*fields)
 
 
 def watchdog() -> bool:
     """`WATCHDOG=1`: the supervisor loop is alive; send it every `watchdog_interval_s()`."""
     return notify("WATCHDOG=1")
+
+
+def watchdog_for(seconds: float) -> bool:
+    """`WATCHDOG=1` and `WATCHDOG_USEC=`: the next `watchdog()` may come `seconds` from now, not within the unit's
+    `WatchdogSec=` (a handover: the re-executed daemon pings again only once it is up). No-op without a watchdog."""
+    if watchdog_interval_s() is None:
+        return False
+    return notify("WATCHDOG=1", f"WATCHDOG_USEC={int(seconds * 1e6)}")
 
 
 def status(line: str) -> bool:

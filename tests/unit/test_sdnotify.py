@@ -83,3 +83,19 @@ def test_watchdog_interval_is_half_of_watchdog_usec(
         else:
             monkeypatch.setenv(name, str(os.getpid()) if value == "self" else value)
     assert sdnotify.watchdog_interval_s() == expected
+
+
+def test_a_handover_lengthens_the_watchdog_and_ready_sets_the_units_own_again(
+    listener: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a 3 s watchdog, `watchdog_for(15)` allows 15 s to the next ping and READY=1 sets 3 s again."""
+    monkeypatch.setenv("WATCHDOG_USEC", "3000000")
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    assert sdnotify.watchdog_for(15.0)
+    assert sdnotify.ready("serving: sim=serving")
+    assert [listener.recv(4096) for _ in range(2)] == [
+        b"WATCHDOG=1\nWATCHDOG_USEC=15000000",
+        b"READY=1\nWATCHDOG=1\nWATCHDOG_USEC=3000000\nSTATUS=serving: sim=serving",
+    ]
+    monkeypatch.delenv("WATCHDOG_USEC")
+    assert not sdnotify.watchdog_for(15.0), "no watchdog: nothing to lengthen"

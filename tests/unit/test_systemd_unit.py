@@ -34,14 +34,15 @@ def values(key: str) -> list[str]:
 
 def test_service_settings_for_a_gpu_owning_notify_daemon() -> None:
     """Type=notify with watchdog, KillMode=process (a dead supervisor's servers are adopted), stop timeout above
-    the drain, restart on failure."""
+    the drain, a quick restart on failure (the tier tests/systemd/ measures the gap) and a start limit."""
     single = {
         "Type": "notify",
         "NotifyAccess": "main",
-        "WatchdogSec": "30",
+        "WatchdogSec": "3",
         "ExecStart": f"{BINARY} run --config /etc/sglang-supervisor/config.toml",
         "KillMode": "process",
         "Restart": "on-failure",
+        "RestartSec": "500ms",
         "NoNewPrivileges": "yes",
         "PrivateTmp": "yes",
         "ProtectSystem": "strict",
@@ -54,7 +55,8 @@ def test_service_settings_for_a_gpu_owning_notify_daemon() -> None:
         assert values(key) == [value], key
     assert values("ExecReload")[-1] == "/bin/kill -HUP $MAINPID"
     assert int(values("TimeoutStopSec")[0]) >= 150
-    assert int(values("RestartSec")[0]) >= 5
+    unit = {k: v for s, k, v in directives() if s == "Unit"}
+    assert (unit["StartLimitIntervalSec"], unit["StartLimitBurst"]) == ("2min", "5")
     assert values("EnvironmentFile") == ["-/etc/sglang-supervisor/sglang-supervisor.env"]
     assert "/var/lib/sglang-supervisor" in values("ReadWritePaths")[0].split()
     allowed = set(values("DeviceAllow"))

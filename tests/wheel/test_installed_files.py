@@ -71,15 +71,15 @@ def test_install_unit_is_idempotent_and_never_overwrites_an_edit_silently(
     assert cli(installed, tmp_path, "install-unit", "--prefix", str(tmp_path)).returncode == 0
     again = cli(installed, tmp_path, "install-unit", "--prefix", str(tmp_path))
     assert again.returncode == 0 and again.stdout.count("unchanged:") == 2, again.stdout
-    edited = (tmp_path / UNIT).read_text().replace("WatchdogSec=30", "WatchdogSec=60")
+    edited = (tmp_path / UNIT).read_text().replace("WatchdogSec=3\n", "WatchdogSec=60\n")
     (tmp_path / UNIT).write_text(edited)
     refused = cli(installed, tmp_path, "install-unit", "--prefix", str(tmp_path))
-    assert refused.returncode == 1 and "--force" in refused.stderr and "+WatchdogSec=30" in refused.stderr
+    assert refused.returncode == 1 and "--force" in refused.stderr and "+WatchdogSec=3\n" in refused.stderr
     assert (tmp_path / UNIT).read_text() == edited, "a refused file is left as it is"
     forced = cli(installed, tmp_path, "install-unit", "--prefix", str(tmp_path), "--force")
     assert forced.returncode == 0 and "replaced:" in forced.stdout, forced
     assert (tmp_path / UNIT.with_name(UNIT.name + ".bak")).read_text() == edited
-    assert "WatchdogSec=30" in (tmp_path / UNIT).read_text()
+    assert "WatchdogSec=3\n" in (tmp_path / UNIT).read_text()
 
 
 def test_packaged_rules_pass_promtool(installed: Installed, tmp_path: Path) -> None:
