@@ -7,11 +7,17 @@ With `boot=True` the container boots systemd 252 as its PID 1 (never over the ho
 way); without it, `command` is the container's PID 1, as `docker run IMAGE COMMAND` without `--init` gives an
 entrypoint. `enter` runs a command inside every namespace of the running container (`nsenter`), which is how
 the tests drive `systemctl` and reach the container's loopback.
+
+Each container runs in cgroups of its own (`cgroups`), made before it starts and removed after it ends: with
+`--keep-unit` systemd-nspawn puts its payload below its own cgroup, so two containers started from one cgroup
+would share it, and two booted systemds would manage one `system.slice` between them (a unit's cgroup holding
+the other container's processes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -80,6 +86,8 @@ class Container:
         self.hostroot = self.workdir / "hostroot"
         self.hostroot.mkdir(exist_ok=True)
         self.log = self.workdir / "container.log"
+        token = hashlib.sha256(str(self.workdir.resolve()).encode()).hexdigest()[:12]
+        self.cgroups = own_cgroups(f"nspawn-test-{token}")
 
     def argv(self) -> list[str]:
         nspawn = ensure_nspawn()
@@ -97,11 +105,16 @@ class Container:
             *self.options,
         ]
         args += ["--boot"] if self.boot else ["--", *self.command]
-        # The bind of / lives in a private mount namespace and vanishes with it; no shell sees a test's words.
-        script = 'mount --bind / "$1" && shift && exec "$@"'
+        # The shell moves itself into the container's cgroups, then binds / in a private mount namespace (the bind
+        # vanishes with it); no shell sees a test's words.
+        script = (
+            'for g in $CGROUPS; do echo $$ > "$g/cgroup.procs" || exit 1; done;'
+            ' mount --bind / "$1" && shift && exec "$@"'
+        )
         return [
+            "env", f"CGROUPS={' '.join(map(str, self.cgroups))}",
             "unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(self.hostroot),
-            "env", f"LD_LIBRARY_PATH={SYSTEMD_LIBS}", *args,
+            "env", "-u", "CGROUPS", f"LD_LIBRARY_PATH={SYSTEMD_LIBS}", *args,
         ]  # fmt: skip
 
     def start(self, timeout_s: float = 60.0) -> Container:
@@ -189,6 +202,37 @@ class Container:
         deadline = time.monotonic() + 10
         while self.pids() and time.monotonic() < deadline:
             time.sleep(0.05)
+        for group in self.cgroups:
+            remove_cgroup(group)
+
+
+def own_cgroups(name: str) -> list[Path]:
+    """A child `name` of this process's cgroup on the unified hierarchy and on systemd's named v1 one (where
+    mounted: a hybrid host has both), created; the hierarchies it cannot create one in are left out."""
+    roots = {"0": Path("/sys/fs/cgroup/unified"), "name=systemd": Path("/sys/fs/cgroup/systemd")}
+    if not roots["0"].is_dir():
+        roots["0"] = Path("/sys/fs/cgroup")  # a cgroup v2 only host
+    made = []
+    with open("/proc/self/cgroup") as fh:
+        for line in fh:
+            number, controllers, path = line.rstrip("\n").split(":", 2)
+            root = roots.get(controllers or number)
+            if root is None or not (root / "cgroup.procs").exists():
+                continue
+            group = root / path.lstrip("/") / name
+            with contextlib.suppress(OSError):
+                group.mkdir(exist_ok=True)
+                made.append(group)
+    return made
+
+
+def remove_cgroup(group: Path) -> None:
+    """Remove a cgroup and the ones below it, deepest first (each must be empty by then)."""
+    if not group.is_dir():
+        return
+    for below, _, _ in os.walk(group, topdown=False):
+        with contextlib.suppress(OSError):
+            os.rmdir(below)
 
 
 def nspid(pid: int) -> list[int]:

@@ -119,7 +119,7 @@ def _locked() -> AbstractContextManager[None]:
     return file_lock(ROOT / "lock")
 
 
-def _wheelhouse(wheel: Path) -> Path:
+def wheelhouse(wheel: Path) -> Path:
     """A folder of the wheels of exactly what `wheel` requires, downloaded once per set of requirements."""
     key = hashlib.sha256("\n".join(requirements(wheel)).encode()).hexdigest()[:16]
     house = ROOT / f"wheelhouse-{key}"
@@ -135,7 +135,7 @@ def _build(out: Path) -> None:
     """sdist and wheel into out/dist, the wheel into the clean venv out/venv; `complete` marks it done."""
     _run([sys.executable, "-m", "build", "--outdir", out / "dist", REPO], "python -m build")
     wheel = next((out / "dist").glob("*.whl"))
-    house = _wheelhouse(wheel)
+    house = wheelhouse(wheel)
     venv = out / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], "python -m venv")
     # The dev venv's pip installs into the clean one: offline, from the wheelhouse, without extras.
