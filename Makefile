@@ -27,9 +27,23 @@ typecheck: $(STAMP)
 # The e2e tier mostly waits on servers, so eight workers fit two cores (tests/conftest.py orders them, slowest
 # first). Work stealing matters: xdist's default `load` hands each worker a fixed slice of the first quarter of the
 # tests up front, which put the slow tiers in six queues and left two workers idle after 20 s (7 min 40 s against
-# 4 min 55 s, measured). The real-serving tier then runs alone, one real SGLang server at a time.
+# 4 min 55 s, measured). The systemd and monitoring tiers each share one booted container or one Prometheus
+# across their tests, which run in order, so each is one pytest process of its own beside the workers (its
+# output follows theirs, from .venv/tier-*.log). The real-serving tier then runs alone, one real SGLang server
+# at a time.
+SERIAL_TIERS := systemd monitoring
+
 test: lint typecheck
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal --ignore=tests/real_serving $(PYTEST_ARGS)
+	@rc=0; pids=""; slice=9; \
+	for tier in $(SERIAL_TIERS); do \
+	  SGLSUP_TEST_PORT_SLICE=$$slice $(BIN)/python -m pytest tests/$$tier $(PYTEST_ARGS) > $(VENV)/tier-$$tier.log 2>&1 & \
+	  pids="$$pids $$!"; slice=$$((slice + 1)); \
+	done; \
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal --ignore=tests/real_serving \
+	  $(foreach tier,$(SERIAL_TIERS),--ignore=tests/$(tier)) $(PYTEST_ARGS) || rc=1; \
+	for pid in $$pids; do wait $$pid || rc=1; done; \
+	for tier in $(SERIAL_TIERS); do echo "== tests/$$tier"; cat $(VENV)/tier-$$tier.log; done; \
+	exit $$rc
 	$(BIN)/python -m pytest tests/real_serving $(PYTEST_ARGS)
 
 unit: $(STAMP)
