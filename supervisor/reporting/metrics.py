@@ -127,6 +127,8 @@ class SupervisorMetrics:
             buckets=_DETECTION_BUCKETS,
             registry=reg,
         )
+        for fault in FAULT_KINDS:
+            self._detection.labels(fault=fault)
         self._to_serving = Histogram(
             _PREFIX + "time_to_serving_seconds",
             "Time from fault detection until the server serves again (health 200 and canary pass).",
@@ -237,12 +239,15 @@ class SupervisorMetrics:
         self._servers: set[str] = set()
 
     def _declare_server(self, server: str) -> None:
-        """Create every incident series of a new server at 0 so rates and alerts see the first event."""
+        """Create every incident series and every duration histogram of a new server at 0 so rates, alerts and
+        the dashboard's increase() see the first event."""
         if server in self._servers:
             return
         self._servers.add(server)
         for fault in FAULT_KINDS:
             self._incidents.labels(server=server, fault=fault)
+        for histogram in (self._to_serving, self._startup, self._gpu_release):
+            histogram.labels(server=server)
 
     def watch_servers(self, source: Callable[[], Iterable[ServerGauges]]) -> None:
         """Read each server's state, rung, restarts and proof from `source` at every scrape (its owner's view)."""

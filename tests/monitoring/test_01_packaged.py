@@ -1,5 +1,5 @@
 """What a user copies (`files monitoring`) is what Prometheus runs: the scrape example passes promtool, its jobs
-scrape the daemon and its servers, and the rules loaded are the packaged ones with only their durations shortened."""
+scrape the daemon and its servers, and the rules loaded are the packaged ones with only their `for:` shortened."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import yaml
 
 from tests.support.monitored import World, runbook_yaml
 from tests.support.monitoring import EXPECTED_ALERTS
-from tests.support.prometheus import SGLANG_JOB, SUPERVISOR_JOB, rules_differ_only_in_durations
+from tests.support.prometheus import SGLANG_JOB, SUPERVISOR_JOB, rules_differ_only_in_for
 from tests.support.tools import ensure_promtool
 from tests.support.wait import wait_for
 
@@ -34,10 +34,10 @@ def test_the_runbook_shows_the_packaged_scrape_jobs(world: World) -> None:
     assert shown["scrape_configs"] == packaged
 
 
-def test_prometheus_loads_the_packaged_rules_with_only_their_durations_shortened(world: World) -> None:
-    """Every packaged alert is loaded and healthy; the loaded file differs from the packaged one only in durations."""
+def test_prometheus_loads_the_packaged_rules_with_only_their_for_shortened(world: World) -> None:
+    """Every packaged alert is loaded and healthy; the loaded file differs from the packaged one only in `for:`."""
     packaged = (world.bundle / "alerts.yaml").read_text()
-    assert rules_differ_only_in_durations(packaged, world.rules.read_text())
+    assert rules_differ_only_in_for(packaged, world.rules.read_text())
     rules = [rule for group in world.prometheus.rule_groups() for rule in group["rules"]]
     assert {rule["name"] for rule in rules} == EXPECTED_ALERTS
     assert all(rule["health"] == "ok" for rule in rules), [r for r in rules if r["health"] != "ok"]

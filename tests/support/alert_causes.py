@@ -2,16 +2,14 @@
 followed by the recovery an operator (or the supervisor) makes once its alert fires.
 
 `Causes.start()` runs one thread per cause; each records when its fault began (`started`) and when it was
-recovered (`recovered`), as Unix times, for the figures of benchmarks/README.md. The stop of the daemon
-(SglangSupervisorDown, SglangSupervisorAbsent: `stop_daemon`, `start_daemon`) ends the run, once the other
-chains are done.
+recovered (`recovered`), as Unix times, for the tests and the figures of benchmarks/README.md. The stop of the
+daemon (SglangSupervisorDown, SglangSupervisorAbsent: `stop_daemon`, `start_daemon`) ends the run, once the other
+chains are done. A cause's `events` is the series that counts its events, for the alerts over a window of events.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import os
 import signal
 import threading
@@ -29,8 +27,10 @@ from tests.support.receiver import Receiver
 from tests.support.wait import wait_for
 
 WEBHOOK = "/webhook"
+PAGER, TICKET = "/pager", "/ticket"  # where Alertmanager delivers pages and tickets
 CAUSE_TIMEOUT_S = 150.0
 FATAL_XID = 79  # "GPU has fallen off the bus"
+XID_CRASH_AFTER_S = 3  # the Xid is on record that long before the rank aborts, as the driver reports it first
 
 
 @dataclass
@@ -39,6 +39,7 @@ class Cause:
 
     alert: str
     labels: dict[str, str]
+    events: str = ""  # PromQL: the series counting the cause's events (an alert over a window of events)
     started: float | None = None
     recovered: float | None = None
     error: str = ""
@@ -57,20 +58,45 @@ class Causes:
     threads: list[threading.Thread] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for alert, labels in (
-            ("SglangWedgeDetected", {"server": "wedge", "fault": "collective_hang"}),
-            ("SglangServerCrashLoop", {"server": "crashy"}),
-            ("SglangServerFailed", {"server": "crashy"}),
-            ("SglangParserMisconfigured", {"server": "parser"}),
-            ("SglangServerDegraded", {"server": "leaky"}),
-            ("SglangCanaryUnproven", {"server": "slowcanary"}),
-            ("SglangGpuFault", {"server": "gpu"}),
-            ("SglangServerDown", {"server": "slowstart"}),
-            ("SglangSupervisorStateUnwritable", {"file": "journal"}),
-            ("SglangSupervisorAlertDeliveryFailing", {"sink": "webhook"}),
-            ("SglangSupervisorDown", {}),
+        instance = f"127.0.0.1:{self.host.http_port}"
+
+        def selector(metric: str, **labels: str) -> str:
+            matchers = ", ".join(f'{k}=~"{v}"' for k, v in {"instance": instance, **labels}.items())
+            return f"{metric}{{{matchers}}}"
+
+        incidents, restarts = "sglang_supervisor_incidents_total", "sglang_supervisor_restarts_total"
+        for alert, labels, events in (
+            (
+                "SglangWedgeDetected",
+                {"server": "wedge", "fault": "collective_hang"},
+                selector(incidents, server="wedge", fault="collective_hang"),
+            ),
+            ("SglangServerCrashLoop", {"server": "crashy"}, selector(restarts, server="crashy")),
+            ("SglangServerFailed", {"server": "crashy"}, ""),
+            (
+                "SglangParserMisconfigured",
+                {"server": "parser"},
+                selector(incidents, server="parser", fault="parser_misconfig"),
+            ),
+            ("SglangServerDegraded", {"server": "leaky"}, ""),
+            ("SglangCanaryUnproven", {"server": "slowcanary"}, ""),
+            ("SglangGpuFault", {"server": "gpu"}, selector(incidents, server="gpu", fault="gpu_fault")),
+            ("SglangServerDown", {"server": "slowstart"}, ""),
+            (
+                "SglangSupervisorStateUnwritable",
+                {"file": "journal"},
+                selector("sglang_supervisor_state_write_failures_total", file="journal"),
+            ),
+            (
+                "SglangSupervisorAlertDeliveryFailing",
+                {"sink": "webhook"},
+                selector(
+                    "sglang_supervisor_alert_deliveries_total", sink="webhook", outcome="failed|dropped"
+                ),
+            ),
+            ("SglangSupervisorDown", {}, ""),
         ):
-            self.causes[alert] = Cause(alert, {"instance": f"127.0.0.1:{self.host.http_port}", **labels})
+            self.causes[alert] = Cause(alert, {"instance": instance, **labels}, events)
         self.causes["SglangSupervisorAbsent"] = Cause("SglangSupervisorAbsent", {})
 
     def start(self) -> None:
@@ -80,9 +106,11 @@ class Causes:
         chains: list[tuple[str, Callable[[], None]]] = [
             ("SglangWedgeDetected", self.wedge),
             ("SglangServerFailed", self.crash_loop),
+            ("SglangParserMisconfigured", self.parser_fixed),
             ("SglangServerDegraded", self.stream_leak),
             ("SglangCanaryUnproven", self.slow_canary),
             ("SglangGpuFault", self.gpu_fault),
+            ("SglangServerDown", self.slow_start),
             ("SglangSupervisorStateUnwritable", self.full_disk),
             ("SglangSupervisorAlertDeliveryFailing", self.refusing_sink),
         ]
@@ -137,8 +165,36 @@ class Causes:
     def wait_firing(self, alert: str) -> None:
         wait_for(lambda: self.firing(alert), CAUSE_TIMEOUT_S, f"{alert} firing", interval=0.25)
 
-    def wait_serving(self, server: str) -> None:
-        self.host.wait_all(lambda s: s[server]["state"] == "serving", CAUSE_TIMEOUT_S, f"{server} serving")
+    def notified(self, alert: str, labels: dict[str, str]) -> bool:
+        """Whether Alertmanager has delivered `alert` firing with `labels` (to the pager or the tickets)."""
+        return any(
+            a["status"] == "firing"
+            and a["labels"].get("alertname") == alert
+            and all(a["labels"].get(k) == v for k, v in labels.items())
+            for path in (PAGER, TICKET)
+            for d in self.receiver.at(path)
+            for a in d.body["alerts"]
+        )
+
+    def wait_notified(self, alert: str, **labels: str) -> None:
+        """Wait until the operator is notified of `alert` (its cause's labels, or those given): the moment an
+        operator acts. An alert resolved within Alertmanager's group_wait is never delivered."""
+        want = labels or self.causes[alert].labels
+        wait_for(
+            lambda: self.notified(alert, want), CAUSE_TIMEOUT_S, f"{alert} {want} notified", interval=0.25
+        )
+
+    def wait_serving(self, server: str, after: str = "") -> None:
+        """Wait for `server` to serve (with `after`: with an incident of that fault kind as its last one)."""
+
+        def serving(servers: dict[str, dict[str, Any]]) -> bool:
+            entry = servers[server]
+            last = entry.get("last_incident") or {}
+            return bool(entry["state"] == "serving" and (not after or last.get("fault") == after))
+
+        self.host.wait_all(
+            serving, CAUSE_TIMEOUT_S, f"{server} serving" + (f" after {after}" if after else "")
+        )
 
     def sim_fault(self, server: str, fault: dict[str, Any]) -> float:
         """Arm a fault in a server's simulator now (`POST /sim/fault`); the time it was armed."""
@@ -157,9 +213,23 @@ class Causes:
     def wedge(self) -> None:
         """A TP desync hang (F1): detected as collective_hang, the tree killed and relaunched."""
         self.wait_serving("wedge")
-        self.causes["SglangWedgeDetected"].started = self.sim_fault(
-            "wedge", {"name": "overlap_tp_desync_hang", "after_requests": 1}
-        )
+        cause = self.causes["SglangWedgeDetected"]
+        cause.started = self.sim_fault("wedge", {"name": "overlap_tp_desync_hang", "after_requests": 1})
+        self.wait_firing(cause.alert)
+        self.wait_serving("wedge", after="collective_hang")
+        cause.recovered = time.time()
+
+    def parser_fixed(self) -> None:
+        """Launched without --tool-call-parser: the supervisor notices the family's parser missing, launches with
+        it (an incident "fixed before launch"), and the server serves."""
+        self.wait_firing("SglangParserMisconfigured")
+        self.wait_serving("parser", after="parser_misconfig")
+        self.causes["SglangParserMisconfigured"].recovered = time.time()
+
+    def slow_start(self) -> None:
+        """A 40 s DeepGEMM JIT at launch: not serving for longer than the (shortened) for:, then serving."""
+        self.wait_serving("slowstart")
+        self.causes["SglangServerDown"].recovered = time.time()
 
     def crash_loop(self) -> None:
         """A CUDA OOM at every launch until the restart budget is spent (failed); the operator removes the cause
@@ -169,8 +239,8 @@ class Causes:
         scenario.write_text('[[fault]]\nname = "runtime_cuda_oom_crash"\nafter_requests = 1\n')
         started = self.sim_fault("crashy", {"name": "runtime_cuda_oom_crash", "after_requests": 1})
         self.causes["SglangServerCrashLoop"].started = self.causes["SglangServerFailed"].started = started
-        self.wait_firing("SglangServerFailed")
-        self.wait_firing("SglangServerCrashLoop")
+        self.wait_notified("SglangServerFailed")
+        self.wait_notified("SglangServerCrashLoop")
         scenario.write_text("")
         self.control("restart", "crashy", "the OOM is fixed")
         self.causes["SglangServerFailed"].recovered = self.causes["SglangServerCrashLoop"].recovered = (
@@ -181,16 +251,16 @@ class Causes:
         """Tool markup leaking into streams under load (F16): degraded, never restarted; the operator restarts."""
         self.wait_serving("leaky")
         self.causes["SglangServerDegraded"].started = self.sim_fault(
-            "leaky", {"name": "tool_markup_leak_under_load", "concurrency_ge": 3}
+            "leaky", {"name": "tool_markup_leak_under_load", "concurrency_ge": 2}
         )
-        self.wait_firing("SglangServerDegraded")
+        self.wait_notified("SglangServerDegraded")
         self.control("restart", "leaky", "a clean relaunch")
         self.causes["SglangServerDegraded"].recovered = time.time()
 
     def slow_canary(self) -> None:
         """Canaries that time out on a slow model: serving unproven; the operator raises the canary timeout and
         reloads the daemon (SIGHUP), the next canary passes."""
-        self.wait_firing("SglangCanaryUnproven")
+        self.wait_notified("SglangCanaryUnproven")
         self.host.spec("slowcanary").probes["canary_timeout_s"] = 30
         self.host.write()
         assert self.host.daemon is not None
@@ -198,46 +268,44 @@ class Causes:
         self.causes["SglangCanaryUnproven"].recovered = time.time()
 
     def gpu_fault(self) -> None:
-        """A fatal Xid on the server's stand-in GPU, as the driver reports it: gpu_fault, the server failed."""
+        """A fatal Xid 79 (F9 with the GPU fallen off the bus): gpu_fault, the server failed, not restarted; the
+        operator replaces the card and restarts the server, which serves again."""
         self.wait_serving("gpu")
-        (gpu,) = self.host.spec("gpu").gpus
-        self.causes["SglangGpuFault"].started = add_xid(self.host.sim, gpu, FATAL_XID)
+        cause = self.causes["SglangGpuFault"]
+        cause.started = self.sim_fault(
+            "gpu",
+            {
+                "name": "illegal_memory_access",
+                "after_requests": 1,
+                "params": {"xid": FATAL_XID, "crash_after_s": XID_CRASH_AFTER_S},
+            },
+        )
+        self.wait_notified(cause.alert)
+        self.wait_notified("SglangServerFailed", **cause.labels)
+        self.control("restart", "gpu", "the card is replaced")
+        self.wait_serving("gpu")
+        cause.recovered = time.time()
 
     def full_disk(self) -> None:
-        """state_dir's file system full while the other faults are journaled; freed once the alert fires."""
+        """state_dir's file system full while the other faults are journaled; freed once the operator is told."""
         filler = self.state_dir / "filler"
         self.causes["SglangSupervisorStateUnwritable"].started = fill(filler)
         try:
-            self.wait_firing("SglangSupervisorStateUnwritable")
+            self.wait_notified("SglangSupervisorStateUnwritable")
         finally:
             filler.unlink()
         self.causes["SglangSupervisorStateUnwritable"].recovered = time.time()
 
     def refusing_sink(self) -> None:
-        """The webhook refuses every alert (503) until its alert fires, then accepts them."""
+        """The webhook refuses every alert (503) until the operator is told, then accepts them."""
         cause = self.causes["SglangSupervisorAlertDeliveryFailing"]
         first = wait_for(lambda: self.receiver.at(WEBHOOK), CAUSE_TIMEOUT_S, "a webhook delivery")
         cause.started = first[0].at
         try:
-            self.wait_firing("SglangSupervisorAlertDeliveryFailing")
+            self.wait_notified("SglangSupervisorAlertDeliveryFailing")
         finally:
             self.receiver.accept(WEBHOOK)
         cause.recovered = time.time()
-
-
-def add_xid(sim_state: Path, gpu: int, xid: int) -> float:
-    """Append an Xid event to a stand-in GPU in the simulator's `nvml.json` (under its lock); its time."""
-    at = time.time()
-    path = sim_state / "nvml.json"
-    with open(sim_state / "nvml.json.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        data = json.loads(path.read_text())
-        entry = next(g for g in data["gpus"] if int(g["index"]) == gpu)
-        entry["xid_events"] = [*entry.get("xid_events", []), {"xid": xid, "at": at}]
-        tmp = path.with_suffix(".xid.tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
-    return at
 
 
 def fill(filler: Path) -> float:

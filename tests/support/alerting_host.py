@@ -8,10 +8,10 @@ Each server owns its GPUs and ports, so the faults injected into them at the sam
 | `wedge` (tp 2) | a TP desync hang (F1, live) | SglangWedgeDetected |
 | `crashy` | a CUDA OOM at every launch until the operator fixes it | SglangServerCrashLoop, SglangServerFailed |
 | `parser` | launched without `--tool-call-parser` (fixed by the supervisor) | SglangParserMisconfigured |
-| `leaky` | tool markup leaking into streams under load (F16, live) | SglangServerDegraded |
+| `leaky` | tool markup leaking into streams under load (F16, live; 16 concurrent stream canaries) | SglangServerDegraded |
 | `slowcanary` | a model too slow for the canary's timeout (reload raises it) | SglangCanaryUnproven |
-| `gpu` | a fatal Xid 79 on its stand-in GPU | SglangGpuFault |
-| `slowstart` | a 25 s DeepGEMM JIT startup (F15) | SglangServerDown |
+| `gpu` | a fatal Xid 79 (F9 with `xid = 79`: fallen off the bus), the card replaced | SglangGpuFault |
+| `slowstart` | a 40 s DeepGEMM JIT startup (F15), twice the shortened `for:` | SglangServerDown |
 
 The daemon-wide causes (a full state_dir, a webhook that refuses, the daemon stopped) need no server of their own.
 The restart budget is 3 restarts (backoff 1 s, 2 s, 4 s after an immediate first), so the crash loop ends
@@ -40,6 +40,11 @@ BASE_PROBES: dict[str, Any] = {
     "stall_after_s": 6,
     "stream_canary_period_s": 0,
 }
+# F16 leaks from the 2nd concurrent stream on, each with probability 1/2: one of 15 leaks in all but 1 of 2^15
+# stream canaries, so the degraded state lasts; no routine canary after the first, which would run among the
+# streams, leak too and be taken for a parser misconfiguration.
+LEAK_STREAMS = 16
+SLOW_START_S = 40  # SglangServerDown's for: of 10 minutes is 20 s in the test's rules
 
 
 @dataclass
@@ -68,8 +73,8 @@ def servers(root: Path) -> list[ServerSpec]:
             "leaky",
             (4,),
             probes={
-                "canary_period_s": 60,
-                "stream_canary_concurrency": 4,
+                "canary_period_s": 3600,
+                "stream_canary_concurrency": LEAK_STREAMS,
                 "stream_canary_period_s": 2,
                 "stream_canary_first_s": 1,
             },
@@ -102,7 +107,7 @@ class AlertingHost(Deployment):
             self.specs = servers(self.root)
             (self.root / "crashy.toml").write_text("")
             (self.root / "slowstart.toml").write_text(
-                '[[fault]]\nname = "slow_startup_deepgemm"\non_start = true\n[fault.params]\nstartup_s = 25\n'
+                f'[[fault]]\nname = "slow_startup_deepgemm"\non_start = true\n[fault.params]\nstartup_s = {SLOW_START_S}\n'
             )
         assert self.installed is not None
         (self.root / "webhook.url").write_text(self.webhook_url + "\n")

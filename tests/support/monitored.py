@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.alert_causes import WEBHOOK, Causes
+from tests.support.alert_causes import PAGER, TICKET, WEBHOOK, Causes
 from tests.support.alerting_host import AlertingHost
 from tests.support.daemon import checked
 from tests.support.http import http
@@ -32,7 +32,6 @@ from tests.support.receiver import Receiver
 from tests.support.wait import wait_for
 from tests.support.wheel import Installed, ensure_installed
 
-PAGER, TICKET = "/pager", "/ticket"
 SECTION = "## Prometheus and Alertmanager"
 STATE_FS_SIZE = "64m"
 
@@ -44,7 +43,7 @@ class World:
     installed: Installed
     bundle: Path  # `files monitoring DIR`
     runbook: Path  # the installed runbook (`files runbook`)
-    rules: Path  # the rules Prometheus loads (the packaged ones, accelerated)
+    rules: Path  # the rules Prometheus loads (the packaged ones, their for: shortened)
     host: AlertingHost
     prometheus: Prometheus
     alertmanager: Alertmanager
@@ -123,17 +122,17 @@ def _metrics_answer(host: AlertingHost) -> bool:
 
 
 @contextlib.contextmanager
-def monitored_world(root: Path, interval_s: float = 1.0, windows: bool = True) -> Iterator[World]:
+def monitored_world(root: Path, interval_s: float = 1.0) -> Iterator[World]:
     """Start the world, inject every cause, yield it; stop all of it at the end (the daemon's invariants checked).
 
-    `interval_s` is the scrape and evaluation interval; `windows` as in `accelerated_rules`.
+    `interval_s` is the scrape and evaluation interval.
     """
     installed = ensure_installed()
     bundle = root / "monitoring"
     cli(installed, "files", "monitoring", str(bundle))
     runbook = Path(cli(installed, "files", "runbook").strip())
     rules = root / "alerts-accelerated.yaml"
-    rules.write_text(accelerated_rules((bundle / "alerts.yaml").read_text(), windows=windows))
+    rules.write_text(accelerated_rules((bundle / "alerts.yaml").read_text()))
     host_root = root / "host"
     host_root.mkdir(parents=True, exist_ok=True)
     with state_fs(host_root / "state") as state, Receiver() as receiver:

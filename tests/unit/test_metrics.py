@@ -81,6 +81,21 @@ def test_new_server_starts_every_fault_counter_at_zero() -> None:
         assert m.registry.get_sample_value("sglang_supervisor_incidents_total", labels) == expected
 
 
+def test_duration_histograms_exist_at_zero_before_their_first_observation() -> None:
+    """The detection histogram of every fault kind and a new server's time-to-serving, startup and GPU-release
+    histograms are exposed at 0, so the dashboard's increase() over an hour sees their first observation."""
+    m = SupervisorMetrics()
+    m.watch_servers(lambda: [ServerGauges("decode", "starting", 0, {}, False)])
+    for fault in FAULT_KINDS:
+        count = m.registry.get_sample_value(
+            "sglang_supervisor_detection_latency_seconds_count", {"fault": fault}
+        )
+        assert count == 0.0, fault
+    for name in ("time_to_serving_seconds", "startup_duration_seconds", "gpu_release_duration_seconds"):
+        count = m.registry.get_sample_value(f"sglang_supervisor_{name}_count", {"server": "decode"})
+        assert count == 0.0, name
+
+
 def test_declared_sink_has_every_outcome_at_zero() -> None:
     """declare_sink creates ok/failed/dropped delivery counters at 0."""
     m = SupervisorMetrics()
