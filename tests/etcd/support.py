@@ -191,6 +191,7 @@ class GroupDeployment(Deployment):
     rank: int = 0
     etcd_url: str = ""
     dist_addr: str = ""
+    barrier_timeout_s: float = 60.0
 
     def write(self) -> None:
         """The deployment's config plus the multi-node flags and the [group] section."""
@@ -204,7 +205,15 @@ class GroupDeployment(Deployment):
         self.restart = {"initial_s": 0.2, "max_s": 1.0, **self.restart}
         super().write()
         with self.config_path.open("a") as fh:
-            fh.write(group_section(self.name, self.rank, self.etcd_url, lease_ttl_s=2, barrier_timeout_s=60))
+            fh.write(
+                group_section(
+                    self.name,
+                    self.rank,
+                    self.etcd_url,
+                    lease_ttl_s=2,
+                    barrier_timeout_s=self.barrier_timeout_s,
+                )
+            )
 
     def group(self) -> dict[str, Any]:
         """The `group` block of /status."""
