@@ -44,7 +44,7 @@ BASE_PROBES: dict[str, Any] = {
 # stream canaries, so the degraded state lasts; no routine canary after the first, which would run among the
 # streams, leak too and be taken for a parser misconfiguration.
 LEAK_STREAMS = 16
-SLOW_START_S = 40  # SglangServerDown's for: of 10 minutes is 20 s in the test's rules
+SLOW_START_S = 40  # SglangServerDown's for: of 10 minutes is 20 s in the test's rules, at a 1 s scrape
 
 
 @dataclass
@@ -101,13 +101,14 @@ class AlertingHost(Deployment):
         default_factory=lambda: {"restarts": 3, "initial_s": 1, "factor": 2, "max_s": 4, "jitter": 0}
     )
     specs: list[ServerSpec] = field(default_factory=list)
+    slow_start_s: float = SLOW_START_S  # the `slowstart` server's load
 
     def write(self) -> None:
         if not self.specs:
             self.specs = servers(self.root)
             (self.root / "crashy.toml").write_text("")
             (self.root / "slowstart.toml").write_text(
-                f'[[fault]]\nname = "slow_startup_deepgemm"\non_start = true\n[fault.params]\nstartup_s = {SLOW_START_S}\n'
+                f'[[fault]]\nname = "slow_startup_deepgemm"\non_start = true\n[fault.params]\nstartup_s = {self.slow_start_s}\n'
             )
         assert self.installed is not None
         (self.root / "webhook.url").write_text(self.webhook_url + "\n")

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.support.alert_causes import PAGER, TICKET, WEBHOOK, Causes
-from tests.support.alerting_host import AlertingHost
+from tests.support.alerting_host import SLOW_START_S, AlertingHost
 from tests.support.daemon import checked
 from tests.support.http import http
 from tests.support.prometheus import Alertmanager, Prometheus, accelerated_rules, scrape_config
@@ -34,6 +34,7 @@ from tests.support.wheel import Installed, ensure_installed
 
 SECTION = "## Prometheus and Alertmanager"
 STATE_FS_SIZE = "64m"
+SCRAPED_TWICE = 'count_over_time(up{job="sglang-supervisor"}[1h]) >= 2'
 
 
 @dataclass
@@ -122,10 +123,13 @@ def _metrics_answer(host: AlertingHost) -> bool:
 
 
 @contextlib.contextmanager
-def monitored_world(root: Path, interval_s: float = 1.0) -> Iterator[World]:
+def monitored_world(
+    root: Path, interval_s: float = 1.0, slow_start_s: float = SLOW_START_S
+) -> Iterator[World]:
     """Start the world, inject every cause, yield it; stop all of it at the end (the daemon's invariants checked).
 
-    `interval_s` is the scrape and evaluation interval.
+    `interval_s` is the scrape and evaluation interval; `slow_start_s` the load of the `slowstart` server, which
+    must outlast SglangServerDown's shortened for: by a few intervals.
     """
     installed = ensure_installed()
     bundle = root / "monitoring"
@@ -139,7 +143,9 @@ def monitored_world(root: Path, interval_s: float = 1.0) -> Iterator[World]:
         receiver.refuse(WEBHOOK)
         alertmanager = Alertmanager(root / "alertmanager")
         prometheus = Prometheus(root / "prometheus")
-        host = AlertingHost(host_root, installed=installed, webhook_url=receiver.url(WEBHOOK))
+        host = AlertingHost(
+            host_root, installed=installed, webhook_url=receiver.url(WEBHOOK), slow_start_s=slow_start_s
+        )
         try:
             alertmanager.start(alertmanager_config(routing_example(runbook), receiver))
             with checked(host):
@@ -156,10 +162,12 @@ def monitored_world(root: Path, interval_s: float = 1.0) -> Iterator[World]:
                         alertmanager=alertmanager.address,
                     )
                 )
+                # Two scrapes before the faults: each counter has its 0 sample, as under a Prometheus that
+                # has watched the host for a while (a cause present at launch is in place before that).
                 wait_for(
-                    lambda: prometheus.query('up{job="sglang-supervisor"} == 1'),
-                    60,
-                    "Prometheus' first scrape of the daemon",
+                    lambda: prometheus.query(SCRAPED_TWICE),
+                    60 + 2 * interval_s,
+                    "Prometheus' second scrape of the daemon",
                 )
                 causes = Causes(host, prometheus, receiver, state, started)
                 causes.start()

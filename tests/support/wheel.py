@@ -139,7 +139,15 @@ def _build(out: Path) -> None:
     venv = out / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], "python -m venv")
     # The dev venv's pip installs into the clean one: offline, from the wheelhouse, without extras.
-    pip = [sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--quiet"]
+    pip: list[str | Path] = [
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        venv / "bin" / "python",
+        "install",
+        "--quiet",
+    ]
     _run([*pip, "--no-index", "--find-links", house, wheel], "pip install of the wheel")
     (out / "complete").touch()
 
