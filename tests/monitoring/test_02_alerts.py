@@ -32,10 +32,13 @@ WINDOW_ALERTS = (
     "SglangSupervisorAlertDeliveryFailing",
 )
 # What a cause brings about besides its own alert: the GPU server fails after its fatal Xid (not retryable); the
-# full state_dir fails the state file's writes as well as the journal's.
+# full state_dir fails the state file's writes as well as the journal's; the crash-looping server, never serving
+# for a whole scrape between its launches, may stay down past SglangServerDown's shortened for: (20 s) on a busy
+# machine, as a crash loop outlasting the real 10 minutes pages in production.
 CONSEQUENCES = (
     {"alertname": "SglangServerFailed", "server": "gpu"},
     {"alertname": "SglangSupervisorStateUnwritable", "file": "state"},
+    {"alertname": "SglangServerDown", "server": "crashy"},
 )
 COUNTERS = (
     "sglang_supervisor_incidents_total",
