@@ -24,6 +24,9 @@ from supervisor.host.launcher import Launched, MiB, spawn
 pytestmark = pytest.mark.hardening
 
 FLOOD_S = 10.0
+OUTPUT_END_S = (
+    30.0  # the reader reaches the end of the file after the flooder's exit (a starved core: seconds)
+)
 ROTATE_BYTES, ROTATE_KEEP, RING = 8 * MiB, 2, 2000
 FLOODER = r"""
 import os, sys, time
@@ -70,6 +73,10 @@ async def _supervise(launched: Launched) -> tuple[set[str], float, int]:
             obs = watch.observe(lines, time.monotonic())
             hits |= {h["name"] for h in obs.values["hits"]}
             peak_rss = max(peak_rss, me.memory_info().rss)
+        # the watch too waits for the reader to reach the end (LOG_SETTLE_S) after a loss
+        deadline = time.monotonic() + OUTPUT_END_S
+        while not launched.output_ended() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
     finally:
         task.cancel()
     lines, cursor = launched.lines_since(cursor)
