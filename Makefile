@@ -30,15 +30,11 @@ typecheck: $(STAMP)
 # 4 min 55 s, measured). The systemd and monitoring tiers each share one booted container or one Prometheus
 # across their tests, which run in order, so each is one pytest process of its own beside the workers (its
 # output follows theirs, from .venv/tier-*.log). The real-serving tier then runs alone, one real SGLang server
-# at a time; its venv (the whole server on CPU, ~1.5 GB on a fresh machine) is installed in the background from
-# the start, beside the other tiers, so the tier does not wait for it alone (the tier still reports a failed
-# install itself).
+# at a time.
 SERIAL_TIERS := systemd monitoring
 
 test: lint typecheck
-	@$(BIN)/python -c "from tests.support.real_sglang import real_serving_python; real_serving_python()" \
-	  > $(VENV)/real-serving-venv.log 2>&1 & prefetch=$$!; \
-	rc=0; pids=""; slice=9; \
+	@rc=0; pids=""; slice=9; \
 	for tier in $(SERIAL_TIERS); do \
 	  SGLSUP_TEST_PORT_SLICE=$$slice $(BIN)/python -m pytest tests/$$tier $(PYTEST_ARGS) > $(VENV)/tier-$$tier.log 2>&1 & \
 	  pids="$$pids $$!"; slice=$$((slice + 1)); \
@@ -47,7 +43,7 @@ test: lint typecheck
 	  $(foreach tier,$(SERIAL_TIERS),--ignore=tests/$(tier)) $(PYTEST_ARGS) || rc=1; \
 	for pid in $$pids; do wait $$pid || rc=1; done; \
 	for tier in $(SERIAL_TIERS); do echo "== tests/$$tier"; cat $(VENV)/tier-$$tier.log; done; \
-	wait $$prefetch; exit $$rc
+	exit $$rc
 	$(BIN)/python -m pytest tests/real_serving $(PYTEST_ARGS)
 
 unit: $(STAMP)
