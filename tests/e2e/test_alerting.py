@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,33 +12,28 @@ from typing import Any
 import pytest
 
 from tests.support.daemon import Traffic, deployment
-from tests.support.ports import free_port
-from tests.support.tools import ensure_alertmanager
+from tests.support.prometheus import Alertmanager
 from tests.support.wait import wait_for
 
-CONFIG = "route:\n  receiver: blackhole\n  group_wait: 0s\nreceivers:\n  - name: blackhole\n"
+CONFIG: dict[str, Any] = {
+    "route": {"receiver": "blackhole", "group_wait": "0s"},
+    "receivers": [{"name": "blackhole"}],
+}
 
 
 @pytest.fixture
 def alertmanager(tmp_path: Path) -> Iterator[str]:
-    """A real Alertmanager on 127.0.0.1 (clustering off, temp storage); yields its base URL."""
-    (tmp_path / "am.yml").write_text(CONFIG)
-    port, binary = free_port(), ensure_alertmanager()
-    with (tmp_path / "am.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [str(binary), f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am-data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
-            cwd=binary.parents[2], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    """A real Alertmanager on 127.0.0.1 (clustering off, temp storage), up; yields its base URL."""
+    server = Alertmanager(tmp_path / "alertmanager")
+    server.start(CONFIG)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield server.url
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
+        server.stop()
 
 
 def alerts(base: str) -> list[dict[str, Any]]:
-    """Alertmanager's active alerts ([] while it is not up yet)."""
+    """Alertmanager's active alerts ([] when they cannot be read)."""
     with (
         contextlib.suppress(OSError, ValueError),
         urllib.request.urlopen(f"{base}/api/v2/alerts", timeout=5) as r,

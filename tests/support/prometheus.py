@@ -130,6 +130,13 @@ class _Binary:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def _config(self, name: str, config: dict[str, Any]) -> Path:
+        """`config` written as YAML to `name` in this server's folder."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / name
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
     def _spawn(self, argv: list[str], cwd: Path | None = None) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         with (self.root / "log").open("ab") as log:
@@ -164,9 +171,7 @@ class Prometheus(_Binary):
     """Debian's Prometheus server with one config."""
 
     def start(self, config: dict[str, Any]) -> None:
-        path = self.root / "prometheus.yml"
-        self.root.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        path = self._config("prometheus.yml", config)
         self._spawn(
             [
                 str(ensure_prometheus()),
@@ -233,9 +238,7 @@ class Alertmanager(_Binary):
     """Debian's Alertmanager, clustering off, with one config."""
 
     def start(self, config: dict[str, Any]) -> None:
-        path = self.root / "alertmanager.yml"
-        self.root.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        path = self._config("alertmanager.yml", config)
         binary = ensure_alertmanager()
         self._spawn(
             [
