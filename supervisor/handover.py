@@ -16,6 +16,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from supervisor.reporting import sdnotify
+
 POLL_S = 0.2
 # systemd's watchdog from a handover's RELOADING=1 (and again from the re-exec) to the new daemon's READY=1:
 # its Python start on a busy host, far longer than the unit's WatchdogSec=, which READY=1 sets again.
@@ -40,8 +42,6 @@ def daemon_argv(config: Path, level: str) -> list[str]:
 
 def reexec(config: Path, level: str) -> None:
     """Replace this process with a fresh daemon on the same config (the runs are left to it)."""
-    from supervisor.reporting import sdnotify
-
     argv = daemon_argv(config, level)
     sdnotify.watchdog_for(HANDOVER_WATCHDOG_S)  # from here the new daemon's start, up to its READY=1
     sys.stdout.flush()
