@@ -3,7 +3,8 @@
 `policies.triage.plan` chooses what cures a fault (relaunch on which rung, alert only, fail); `next_step` turns that
 into the one step the loop executes without deciding again:
 
-- `hold`: the server is paused (maintenance): the fault is journaled, and one that needs a restart waits for resume;
+- `hold`: the server is paused (maintenance): the fault is journaled and nothing is done; at resume the probes
+  judge anew, so only what is still true then is acted on (a wedge that ended during the pause is not);
 - `degrade`: alert only: the tree keeps serving (`degraded`), nothing is killed and nothing else is launched;
 - `recover`: incident, forensics, kill, reap, release, verify free — then relaunch after the backoff, or `failed`
   when the plan says fail.
@@ -31,11 +32,6 @@ class Next:
 
     step: FaultStep
     plan: Plan
-
-    @property
-    def restarts(self) -> bool:
-        """True when the step (now, or at resume) kills the tree."""
-        return self.plan.action != "alert"
 
 
 def next_step(paused: bool, plan: Plan) -> Next:

@@ -7,6 +7,9 @@ Order of precedence (the first rule that holds decides; later rules only add not
 3. `crash`      — a rank missing or zombie, the main process gone, a fail-stop line, Xid 13/31/43.
                   While `starting` the same evidence is reported as `startup_failure`.
 4. `startup_failure` — an init death, port collision, /dev/shm bus error, graph-capture failure.
+4a. `pause_overrun` — SGLang reports its engine paused by its client (an RL weight update) for `max_pause_s`.
+                  While it reports a pause at all, rules 5-7 read only log lines and rule 9 stands aside
+                  (`LEASE_RULES`, `policies.pause`): a pause stops tokens and fails `/health` on purpose.
 5. `collective_hang` — work stalled AND (rank stacks in different collectives — a TP desync, tag `tp_desync` —,
                   all in one collective, one blocked in a collective while a peer is frozen (`policies.frozen`),
                   or GPUs spinning at ≥95 % utilisation on ≤35 % power); or an NCCL/Gloo collective timeout line.
@@ -51,13 +54,14 @@ from policies.model import (
     ranks_values,
     stacks_values,
 )
+from policies.pause import pause_overrun, paused_engine
 from policies.pd import prefills_idle
 from policies.window import Window
 
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95})
 STRONG_STALL_FRACTION = 0.25  # of stall_after_s: a stall this long with strong hang evidence is a hang
 # waiting for its own kernels or for requests is not a hang, however long it lasts
-NOT_BLOCKING = frozenset({"recv_requests", "synchronize"})
+NOT_BLOCKING = frozenset({"recv_requests", "synchronize", "paused"})
 CRASH_XIDS = frozenset({13, 31, 43})
 FROZEN_COVER_S = (
     2.0  # the ranks probe reads every second: a freeze seen this soon after a /health began covers it
@@ -173,10 +177,11 @@ def _spinning(w: Window, since: float | None = None) -> list[int]:
     return spin if steady else []
 
 
+def _collective_hang_logged(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    return _log_fault(w, "collective_hang", 0.9)
+
+
 def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
-    logged = _log_fault(w, "collective_hang", 0.9)
-    if logged is not None:
-        return logged
     progress = _stalled(w, ctx, STRONG_STALL_FRACTION)
     if progress is None:
         return None
@@ -210,7 +215,7 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
             )
         all_in = sv.get("all_in")
         blocking = all_in is not None and all_in not in NOT_BLOCKING
-        if blocking or (full and all_in and all_in != "recv_requests"):
+        if blocking or (full and all_in and all_in not in ("recv_requests", "paused")):
             return make_fault(
                 "collective_hang",
                 f"every rank blocked in {all_in} with no progress",
@@ -276,6 +281,10 @@ def _decode_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
             },
             stacks=stacks_values(stacks).get("ranks") if stacks else None,
         )
+    return None
+
+
+def _decode_wedge_logged(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     return _log_fault(w, "decode_wedge", 0.8)
 
 
@@ -341,19 +350,28 @@ def _startup_stalled(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
     return None
 
 
+def _pause_overrun(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    return pause_overrun(w, ctx.settings, now)
+
+
 _RULES = (
     _gpu_fault,
     _oom,
     _crash,
     _startup_failure,
+    _pause_overrun,
+    _collective_hang_logged,
     _collective_hang,
     _pd_wedge,
     _decode_wedge,
+    _decode_wedge_logged,
     lambda w, ctx, now: parser_fault(w),
     _unresponsive,
     _startup_stalled,
     lambda w, ctx, now: stream_leak_fault(w),
 )
+# the rules a deliberate engine pause explains: they read the progress lease, the rank stacks and /health
+LEASE_RULES = frozenset({_collective_hang, _pd_wedge, _decode_wedge, _unresponsive})
 
 
 def diagnose(
@@ -368,7 +386,10 @@ def diagnose(
     does not count in this phase never masks one that does.
     """
     window = Window(observations)
+    paused = paused_engine(window) is not None
     for rule in _RULES:
+        if paused and rule in LEASE_RULES:
+            continue
         fault = rule(window, ctx, now)
         if fault is not None and (only is None or fault.kind in only):
             return fault

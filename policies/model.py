@@ -24,6 +24,7 @@ PROBES = (
     "logs",
     "gpu",
     "stacks",
+    "engine",
 )
 CANARY_PROBES = frozenset({"canary_tool", "canary_reasoning", "canary_stream", "config_check"})
 
@@ -83,6 +84,26 @@ class ProgressValues(TypedDict, total=False):
     idle_at: float | None  # the newest scrape with nothing running, queued, in flight or in a PD queue
     pd_stalled_s: float
     counters: dict[str, float]
+
+
+class EngineValues(TypedDict, total=False):
+    """`engine`: what SGLang itself says about a deliberate pause (probes/engine.py).
+
+    `ready`/`ping`: the status codes of SGLang's `GET /ready` and `GET /ping` (None: no answer; `ping` is asked
+    only when `ready` is not 200). `calls`: SGLang's own count of successful control calls by endpoint.
+    `pause_pending`: a `/pause_generation` answered 200 more recently than a `/continue_generation`.
+    `paused`: SGLang reports its engine paused (`/ready` 503 with `/ping` 200, or `/ready` 503 with a pause
+    pending); `paused_since`: when this pause was first seen (monotonic). `memory_released`: a
+    `/release_memory_occupation` more recent than a `/resume_memory_occupation`.
+    """
+
+    ready: int | None
+    ping: int | None
+    calls: dict[str, float]
+    pause_pending: bool
+    paused: bool
+    paused_since: float | None
+    memory_released: bool
 
 
 class LogHit(TypedDict, total=False):
@@ -180,6 +201,11 @@ def progress_values(obs: Observation) -> ProgressValues:
     return cast(ProgressValues, obs.values)
 
 
+def engine_values(obs: Observation) -> EngineValues:
+    """The values of an `engine` observation."""
+    return cast(EngineValues, obs.values)
+
+
 def logs_values(obs: Observation) -> LogsValues:
     """The values of a `logs` observation."""
     return cast(LogsValues, obs.values)
@@ -244,6 +270,7 @@ class ProbeSettings:
     expected_tool_parser: str | None = None  # None = skip the config check for it
     expected_reasoning_parser: str | None = None  # None = no reasoning canary, no config check for it
     unresponsive_after_s: float = 120.0  # 503/timeouts with no progress this long -> health_unresponsive
+    max_pause_s: float = 1800.0  # an engine paused by its client longer than this is a pause_overrun
     canary_mode: str = "require"  # require | advisory | off (docs/config.md, "Canary gating")
     canary_inconclusive_limit: int = 3  # inconclusive canaries with /health 200 before serving unproven
     # the server's `--api-key`, sent as `Authorization: Bearer` (SGLang requires it on all but /health*,

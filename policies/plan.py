@@ -102,6 +102,13 @@ def plan_recovery(
         return Plan(
             "alert", "markup leaks only under concurrent streaming: alert, do not restart", levels=levels
         )
+    if kind == FaultKind.PAUSE_OVERRUN:
+        return Plan(
+            "alert",
+            "paused by its client on purpose: alert, do not restart (a restart loses what the client pushed); "
+            "degraded until /continue_generation",
+            levels=levels,
+        )
     if kind == FaultKind.PARSER_MISCONFIG:
         return _plan_parser(history, levels, ladders, restart, parser_policy)
     new_levels = dict(levels)

@@ -42,6 +42,7 @@ class FaultKind(StrEnum):
     OOM = "oom"
     GPU_FAULT = "gpu_fault"
     HEALTH_UNRESPONSIVE = "health_unresponsive"
+    PAUSE_OVERRUN = "pause_overrun"
 
 
 _S = ServerState

@@ -17,7 +17,8 @@ Phase and role rules live here, once:
   to pass — or `canary_inconclusive_limit` inconclusive canaries while `/health` is 200, which serves
   *unproven* with a warning instead of stranding a healthy server in `starting`; `"advisory"` and `"off"`
   serve on `/health` 200 alone.
-- **Serving / degraded**: any diagnosed fault.
+- **Serving / degraded**: any diagnosed fault. A degraded server serves again when what degraded it has
+  cleared: its canary passes again, or SGLang no longer reports its engine paused (`pause_overrun`).
 
 Whether a fault restarts is not decided here: `plan` chooses relaunch, alert only or fail, and
 `policies.decide.next_step` turns the plan into the loop's next step.
@@ -32,7 +33,15 @@ from policies import argv as argv_reader
 from policies.backoff import RestartParams, decide_restart, is_stable
 from policies.diagnose import DiagnoseContext, diagnose
 from policies.ladders import Ladder, PastIncident, ladder_key
-from policies.model import Fault, Observation, ProbeSettings, canary_values, health_values, progress_values
+from policies.model import (
+    Fault,
+    Observation,
+    ProbeSettings,
+    canary_values,
+    engine_values,
+    health_values,
+    progress_values,
+)
 from policies.plan import PARSER_KEY, Plan, plan_recovery
 from policies.signatures import scan
 from policies.states import FaultKind
@@ -218,6 +227,9 @@ def triage(window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, n
     cleared = {FaultKind.PARSER_MISCONFIG.value} if proven else set()
     if stream is not None and canary_values(stream).get("verdict") == "pass":
         cleared.add(FaultKind.STREAM_LEAK.value)
+    engine = _latest(window, "engine")
+    if engine is not None and not engine_values(engine).get("paused"):
+        cleared.add(FaultKind.PAUSE_OVERRUN.value)
     return Triage(fault=fault, proven=proven, cleared=frozenset(cleared))
 
 

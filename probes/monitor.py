@@ -15,6 +15,10 @@ evidence of `policies.diagnose` is there when its early threshold comes; a rank 
 uninterruptible sleep, no CPU time) has `/health` probed at once (after the one in flight, if any), so a frozen
 idle engine is told by its first failed `/health` (SGLang answers 503 after its 20 s health timeout), not after
 `unresponsive_after_s`.
+
+While SGLang reports its engine paused by its client (probes/engine.py, read with every scrape), the probes that
+send it a generation stand aside — `/health` (it generates a token and would wait out the pause, then mark the
+server unhealthy), the canaries and the load canary — and run as soon as the pause ends.
 """
 
 from __future__ import annotations
@@ -37,12 +41,14 @@ from policies.model import (
     ProbeSettings,
     TreeView,
     canary_values,
+    engine_values,
     gpu_values,
     logs_values,
     progress_values,
     ranks_values,
 )
 from probes.canary import config_check, reasoning_canary, tool_canary
+from probes.engine import EngineTracker, ready_and_ping
 from probes.gpu_probe import GpuWatch
 from probes.health import probe_health
 from probes.logwatch import LogWatch
@@ -59,6 +65,7 @@ ROUTINE_KEEP_S = (
     60.0  # ≥ the spans policies.diagnose reads of local readings (STRONG_STALL_FRACTION of a stall)
 )
 STACKS_AT = (STRONG_STALL_FRACTION * 0.8, 0.5)  # the first dump lands just before the early threshold
+STAND_ASIDE = frozenset({"health", "canary_tool", "canary_stream"})  # while the engine is paused on purpose
 
 
 class Monitor:
@@ -91,6 +98,7 @@ class Monitor:
         self._cuts = (0.0, 0.0)  # what _prune dropped: older than these, in _window and in _routine
         self._latest: dict[str, Observation] = {}
         self._logs, self._gpu, self._progress = LogWatch(), GpuWatch(), ProgressTracker(role)
+        self._engine = EngineTracker()
         if xids_seen is not None:  # an Xid an earlier launch of the server reported is not reported again
             self._gpu.seen = xids_seen
         self.reset(time.monotonic())
@@ -116,6 +124,7 @@ class Monitor:
         self._gpu_busy_at: float | None = None
         self._logs.reset(now)
         self._progress.reset(now)
+        self._engine.reset()
 
     async def tick(self, now: float) -> list[Observation]:
         """Collect finished probes, run the cheap local ones, start what is due; returns new observations."""
@@ -313,10 +322,17 @@ class Monitor:
         due = self._due.get(kind)
         if due is None or now < due or kind in self._tasks:
             return False
+        if kind in STAND_ASIDE and self.engine_paused():
+            return False
         if period is not None:
             self._due[kind] = now + period
         self._tasks[kind] = self._track(asyncio.ensure_future(make(self._http())))
         return True
+
+    def engine_paused(self) -> bool:
+        """SGLang reported its engine paused by its client in the newest scrape."""
+        engine = self._latest.get("engine")
+        return engine is not None and bool(engine_values(engine).get("paused"))
 
     def _track(self, task: asyncio.Task[Observation]) -> asyncio.Task[Observation]:
         task.add_done_callback(lambda _: self.ready.set())
@@ -333,10 +349,20 @@ class Monitor:
         return self._session
 
     async def _scrape(self, session: aiohttp.ClientSession) -> Observation:
+        """/metrics, and beside it SGLang's own word on a pause (not for a router: it has no engine)."""
         s = self.settings
-        samples, error, latency = await scrape_metrics(
-            session, self.base_url, s.health_timeout_s, s.metrics_max_bytes
-        )
+        scrape = scrape_metrics(session, self.base_url, s.health_timeout_s, s.metrics_max_bytes, s.api_key)
+        paused = False
+        if self.role == "router":
+            samples, error, latency = await scrape
+        else:
+            start = time.monotonic()
+            (samples, error, latency), (ready, ping) = await asyncio.gather(
+                scrape, ready_and_ping(session, self.base_url, s.health_timeout_s, s.api_key)
+            )
+            engine = self._engine.update(samples, ready, ping, time.monotonic(), time.monotonic() - start)
+            paused = bool(engine_values(engine).get("paused"))
+            self._pending.append(engine)  # looked up after the await: tick() swaps the list
         others = [t for t in (self._logs.last_progress_at, self._gpu_busy_at) if t is not None]
         canary = any(k in self._tasks for k in ("canary_tool", "canary_stream"))
         return self._progress.update(
@@ -346,6 +372,7 @@ class Monitor:
             other_progress_at=max(others) if others else None,
             error=error,
             latency_s=latency,
+            paused=paused,
         )
 
     async def _canaries(self, session: aiohttp.ClientSession) -> Observation:

@@ -6,6 +6,10 @@ forward are: `realtime_tokens_total` (decode and prefill modes), `inter_token_la
 reached the API) and `cuda_graph_passes_total`. Work in flight is: generation requests active at the HTTP layer,
 our own outstanding canary, or (when the HTTP gauge is absent) a non-zero running gauge. Work with no progress
 for `stall_after_s` is a stall. Log batch lines and a GPU drawing real power also count as progress.
+
+While SGLang reports its engine paused by its client (probes/engine.py) the lease is held: neither the stall
+clock nor the PD queue's runs, so a pause of any length ends with a fresh `stall_after_s` for the engine to
+produce tokens again.
 """
 
 from __future__ import annotations
@@ -114,8 +118,9 @@ class ProgressTracker:
         other_progress_at: float | None = None,
         error: str = "",
         latency_s: float | None = None,
+        paused: bool = False,
     ) -> Observation:
-        """Fold one scrape (None when it failed) into the lease and report it."""
+        """Fold one scrape (None when it failed) into the lease and report it; `paused` holds the lease."""
         moved: list[str] = []
         running = active = pd_queue = queued = None
         if samples is not None:
@@ -130,7 +135,7 @@ class ProgressTracker:
                 )
             pd_queue = _gauge(samples, PD_QUEUES.get(self.role, ()))
             queued = _gauge(samples, "sglang:num_queue_reqs")
-        if moved:
+        if moved or paused:
             self.last_progress_at = now
         if other_progress_at is not None and (self.last_progress_at or 0.0) < other_progress_at:
             self.last_progress_at = other_progress_at
@@ -140,7 +145,7 @@ class ProgressTracker:
         if not reasons:
             self.work_since = None
         stalled = now - max(self.work_since or now, self.last_progress_at or now) if reasons else 0.0
-        pd_stalled = self._pd(pd_queue, moved, now)
+        pd_stalled = self._pd(pd_queue, moved, now, paused)
         # idle: no work (the running gauge counts only without the live HTTP gauge: it goes stale when idle)
         if samples is not None and not (reasons or queued or pd_queue):
             self.idle_at = now
@@ -161,6 +166,8 @@ class ProgressTracker:
         }
         if samples is None:
             detail = f"metrics unavailable: {error}"
+        elif paused:
+            detail = "engine paused by its client: the lease is held"
         elif reasons:
             detail = (
                 f"work in flight ({', '.join(reasons)}); no progress for {stalled:.1f}s"
@@ -179,7 +186,7 @@ class ProgressTracker:
             ("num_running_reqs", active is None and bool(running)),
         ]
 
-    def _pd(self, queue: float | None, moved: list[str], now: float) -> float:
+    def _pd(self, queue: float | None, moved: list[str], now: float, paused: bool = False) -> float:
         """Seconds a non-zero PD queue has stood without a request's token.
 
         A shrinking queue is not progress by itself: aborted and timed-out requests leave it too (F3 begins
@@ -190,7 +197,7 @@ class ProgressTracker:
         if not queue:
             self.pd_since = None
             return 0.0
-        if self.pd_since is None or any(m in REQUEST_TOKENS for m in moved):
+        if self.pd_since is None or paused or any(m in REQUEST_TOKENS for m in moved):
             self.pd_since = now
         return now - self.pd_since
 

@@ -32,6 +32,17 @@ COLLECTIVES = (
     "synchronize",
 )
 IDLE = "recv_requests"
+PAUSED = "paused"
+# Frames that say where a scheduler is, whatever it calls inside them: SGLang's paused event loop
+# (`_record_scheduler_state_for_paused_engine`), and the request intake, whose broadcast of new requests across
+# the TP ranks runs every iteration even at tp 1 and waits for no peer's forward (rl-pause.md: a paused
+# scheduler caught there was read as a blocking collective).
+CONTEXT = (
+    ("_record_scheduler_state_for_paused_engine", PAUSED),
+    ("ingest_requests", IDLE),
+    ("recv_requests", IDLE),
+    ("_broadcast_reqs_across_ranks", IDLE),
+)
 # /proc state letters of a process that runs nothing until resumed: stopped (SIGSTOP), uninterruptible sleep.
 # `t` (traced) is left out: py-spy stops a rank for a moment while it reads its stack.
 FROZEN_STATES = frozenset({"T", "D"})
@@ -64,7 +75,12 @@ def parse_dump(text: str) -> list[list[str]]:
 
 
 def classify(frames: list[str]) -> tuple[str | None, str | None]:
-    """(collective, the frame it was found in) for the innermost collective-like frame."""
+    """(collective, the frame it was found in): `paused` or `recv_requests` when a frame of the stack is the
+    paused event loop or the request intake (`CONTEXT`), else the innermost collective-like frame."""
+    for marker, name in CONTEXT:
+        for frame in frames:
+            if frame.split(" (", 1)[0] == marker:
+                return name, frame
     for frame in frames:
         function = frame.split(" (", 1)[0]
         for token in COLLECTIVES:

@@ -101,7 +101,7 @@ class Daemon:
         order = start_order(roles, {s.name: list(s.depends_on) for s in config.servers})
         self.loops = [ServerLoop(config.server(name), self.svc) for name in order]
         self.svc.loops = {loop.name: loop for loop in self.loops}
-        self.metrics.watch_servers(lambda: [loop.owner.gauges() for loop in self.loops])
+        self.metrics.watch_servers(lambda: [loop.gauges() for loop in self.loops])
         self.started = self.clock.wall()
         self.version = version()  # the running program's: a wheel installed over it shows after a handover
         self.stop_event = asyncio.Event()
@@ -194,6 +194,7 @@ class Daemon:
                 loop.owner.unproven,
                 loop.owner.since,
                 now - loop.last_beat if loop.stale(now, after) else None,
+                loop.watch.engine_pause_line(),
             )
             for loop in targets
         ]

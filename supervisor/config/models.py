@@ -101,6 +101,7 @@ class ProbesConfig(_Model):
     expected_reasoning_parser: str = "auto"
     canary_mode: Literal["require", "advisory", "off"] = "require"
     canary_inconclusive_limit: int = Field(3, ge=1, le=100)
+    max_pause_s: float = Field(1800, gt=0)
 
 
 class PolicyConfig(_Model):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import uuid
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from supervisor.loop.services import Services
 from supervisor.loop.status_view import server_status
 from supervisor.loop.watch import Watch
 from supervisor.packaged import version
+from supervisor.reporting.metrics import ServerGauges
 from supervisor.rungs import apply_rung
 
 S = ServerState
@@ -387,6 +389,10 @@ class ServerLoop:
                 return
 
     # ---- status --------------------------------------------------------------------------------------------
+    def gauges(self) -> ServerGauges:
+        """What the metrics read at scrape time: the owner's state and whether SGLang's engine is paused."""
+        return dataclasses.replace(self.owner.gauges(), engine_paused=self.watch.engine_pause() is not None)
+
     def status(self) -> dict[str, Any]:
         """This server in `/status` (supervisor.loop.status_view)."""
         return server_status(self)

@@ -45,6 +45,7 @@ def server_status(loop: Loop) -> dict[str, Any]:
             "rungs": argv_view.rungs(loop.cfg.args, owner.levels, ladders),
             "ladders": argv_view.ladder_table(ladders),
         },
+        "engine": loop.watch.engine_pause(),
         "probes": loop.watch.snapshot(),
         "startup": loop.watch.startup_view(),
         "last_incident": last.to_json() if last else None,

@@ -17,6 +17,7 @@ from policies.model import (
     ProbeSettings,
     TreeView,
     canary_values,
+    engine_values,
     logs_values,
 )
 from policies.pd import Role
@@ -60,6 +61,7 @@ def probe_settings(loop: Loop) -> ProbeSettings:
         expected_reasoning_parser=expected[1] if expected else None,
         canary_mode=p.canary_mode,
         canary_inconclusive_limit=p.canary_inconclusive_limit,
+        max_pause_s=p.max_pause_s,
         api_key=server_api_key(loop.cfg),
     )
 
@@ -79,8 +81,8 @@ class Watch:
         self.monitor: ProbeMonitor | None = None
         self.seen_ranks: set[str] = set()
         self.degraded: tuple[Incident, float] | None = None  # the alert-only incident and when (monotonic)
-        self.paused_fault = ""
-        self.held: Outcome | None = None  # a fault seen while paused, acted on at resume
+        self.paused_fault = ""  # the fault kind journaled while paused (once per kind)
+        self.resumed = False  # an operator's resume: the next tick judges what is true now, losses included
         self.waiting_for = ""
         self.settings = ProbeSettings()  # this launch's, from the config (a reload replaces them)
         self._titles: list[str] | None = None
@@ -181,19 +183,19 @@ class Watch:
             await self.monitor.aclose()
         self.monitor = self._new_monitor()  # per launch: this launch's port, model and settings
         self.tree, self.cursor, self.degraded, self.paused_fault = None, 0, None, ""
-        self.seen_ranks, self.held, self.waiting_for = set(), None, ""
+        self.seen_ranks, self.resumed, self.waiting_for = set(), False, ""
         self.monitor.reset(clock.monotonic())
         run = loop.owner.run
         assert run is not None
         while True:
             loop.beat()
             while (cmd := loop.next_command()) is not None:
+                paused = loop.owner.paused
                 kind = loop.handle_command(cmd)
                 if kind in ("restart", "stop"):
                     return Outcome(command=cmd if kind == "restart" else None)
-            if self.held is not None and not loop.owner.paused:
-                held, self.held = self.held, None
-                return held  # resumed: act on the fault seen while paused
+                if paused and not loop.owner.paused:
+                    self.resumed, self.paused_fault = True, ""
             outcome = await self.tick(run)
             if outcome is not None:
                 return outcome
@@ -215,6 +217,9 @@ class Watch:
         self.seen_ranks |= {r.title for r in self.tree.ranks if r.status == "running"}
         new = await self.monitor.tick(now)
         self._record(new)
+        if self.resumed:  # what a pause saw is not replayed: only what is still true counts now
+            self.resumed = False
+            events = proctree.changes(None, self.tree)
         losses = self._losses(events)
         if not new and not losses:
             return None  # nothing new to triage: every rule's inputs are unchanged (time rules wait ≤ a probe period)
@@ -326,8 +331,6 @@ class Watch:
             return
         self.paused_fault = fault.kind
         loop = self.loop
-        if decided.restarts:
-            self.held = Outcome(fault=fault, decided=decided)
         loop.log.warning("fault.observed_paused", fault=fault.kind, reason=fault.reason)
         loop.svc.incidents.notice(
             loop.name,
@@ -348,6 +351,29 @@ class Watch:
     def latest(self, probe: str) -> Observation | None:
         """The newest observation of `probe` in this launch."""
         return self.monitor.latest(probe) if self.monitor else None
+
+    def engine_pause(self) -> dict[str, Any] | None:
+        """While SGLang reports its engine paused by its client: for how long, memory released, the bound."""
+        engine = self.latest("engine")
+        if engine is None or not engine_values(engine).get("paused"):
+            return None
+        v = engine_values(engine)
+        since = v.get("paused_since")
+        lasted = self.loop.clock.monotonic() - since if since is not None else 0.0
+        return {
+            "paused_s": round(max(lasted, 0.0), 1),
+            "max_pause_s": self.settings.max_pause_s,
+            "memory_released": bool(v.get("memory_released")),
+            "evidence": engine.detail,
+        }
+
+    def engine_pause_line(self) -> str:
+        """Why a paused engine is not ready, in one line ('' when not paused)."""
+        pause = self.engine_pause()
+        if pause is None:
+            return ""
+        released = ", memory released" if pause["memory_released"] else ""
+        return f"engine paused by its client for {pause['paused_s']:.0f}s{released} (SGLang's /ready is 503)"
 
     def startup_view(self) -> dict[str, Any] | None:
         """What startup waits for and its last progress line, for `/status` while starting."""

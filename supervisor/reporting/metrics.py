@@ -61,6 +61,7 @@ class ServerGauges:
     rung: int
     restarts: Mapping[str, int]  # fault kind -> restarts the supervisor initiated for it
     unproven: bool
+    engine_paused: bool = False  # SGLang reports its engine paused by its client (an RL weight update)
 
 
 class _ServerCollector(Collector):
@@ -97,6 +98,11 @@ class _ServerCollector(Collector):
             "1 while a server serves without a passing canary (inconclusive canaries with /health 200).",
             labels=["server"],
         )
+        paused = GaugeMetricFamily(
+            _PREFIX + "engine_paused",
+            "1 while SGLang reports its engine paused by its client (/pause_generation): not a wedge.",
+            labels=["server"],
+        )
         for v in views:
             current = _check("state", v.state, STATES)
             for name in STATES:
@@ -105,7 +111,8 @@ class _ServerCollector(Collector):
                 restarts.add_metric([v.name, fault], v.restarts.get(fault, 0))
             rung.add_metric([v.name], v.rung)
             unproven.add_metric([v.name], 1 if v.unproven else 0)
-        return (state, restarts, rung, unproven)
+            paused.add_metric([v.name], 1 if v.engine_paused else 0)
+        return (state, restarts, rung, unproven, paused)
 
 
 class SupervisorMetrics:

@@ -2,7 +2,8 @@
 
 SGLang's own `/health` answers 200 while a server leaks markup or is wedged mid-decode; this answers 200 only
 while the server's owner holds `serving` with a passing canary (not `unproven`, not `degraded`, not recovering,
-starting or paused) and the loop that owns it is beating. It is read from the state the owners hold — no probe
+starting or paused), SGLang does not report its engine paused by its client (its own `/ready` is 503 then),
+and the loop that owns it is beating. It is read from the state the owners hold — no probe
 is sent per request, so a load balancer polling every second costs a lookup.
 """
 
@@ -23,12 +24,21 @@ class Readiness:
 
 
 def verdict(
-    server: str, state: str, reason: str, unproven: str, since: float, stale_s: float | None
+    server: str,
+    state: str,
+    reason: str,
+    unproven: str,
+    since: float,
+    stale_s: float | None,
+    engine_paused: str = "",
 ) -> Readiness:
-    """`server` is ready only when `serving`, proven, and its loop beats (`stale_s` None); else why not."""
+    """`server` is ready only when `serving`, proven, its loop beats (`stale_s` None) and its engine is not
+    paused by its client (`engine_paused`: why, as SGLang's own `/ready` says 503 then); else why not."""
     if stale_s is not None:
         why = f"the supervisor's loop has not beaten for {stale_s:.0f} s: its state cannot be trusted"
         return Readiness(server, False, f"{server} not ready: {why}")
+    if state in ("serving", "degraded") and engine_paused:
+        return Readiness(server, False, f"{server} not ready: {engine_paused}")
     if state == "serving" and not unproven:
         at = time.strftime("%H:%M:%S", time.localtime(since))
         return Readiness(server, True, f"{server} ready: serving and proven by its canary (since {at})")

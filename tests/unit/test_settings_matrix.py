@@ -160,13 +160,17 @@ def observe(
         run.lines.append(oom if kind == "oom" else "Scheduler hit an exception:")
         run.exit_code = 1
     found = [obs("health", True, "/health 200", status=200)]
-    if striking == "health_unresponsive":  # a probe that timed out took its whole timeout
+    paused = striking == "pause_overrun" and not router  # a router has no engine to pause
+    if striking == "health_unresponsive" or paused:  # a probe that timed out took its whole timeout
         found = [Observation("health", now, False, "timeout", settings.health_timeout_s, {"status": None})]
     if router:
         return found
     work: dict[str, Any] = {"work": False, "stalled_s": 0.0, "pd_stalled_s": 0.0}
-    if striking in ("decode_wedge", "collective_hang"):
+    if striking in ("decode_wedge", "collective_hang", "pause_overrun"):
         work = {"work": True, "stalled_s": 60.0, "work_reasons": ["generation_requests_active"]}
+    if striking == "pause_overrun":  # paused by its client past max_pause_s, requests waiting, /health failing
+        since = now - settings.max_pause_s - 1
+        found.append(obs("engine", True, "paused", ready=503, ping=200, paused=True, paused_since=since))
     if striking == "pd_transfer_wedge":
         work = {"work": True, "stalled_s": 0.0, "pd_stalled_s": 60.0, "pd_queue": 3}
     found.append(obs("progress", True, "progress", **work))
@@ -261,6 +265,8 @@ def visible(s: Setting, kind: str) -> bool:
     """Whether the fault can be seen with this setting (by the probes that run, for this role)."""
     if s.role == "router":  # judged on its own liveness: its tree, its /health, its startup budget
         return kind in ("crash", "oom", "startup_failure", "startup_stalled", "health_unresponsive")
+    if kind == "pause_overrun":  # a paused engine's other symptoms (a stall, /health failing) are not faults
+        return True
     if kind == "pd_transfer_wedge":
         return s.role == "decode"
     if kind == "parser_misconfig":
@@ -272,7 +278,7 @@ def visible(s: Setting, kind: str) -> bool:
 
 def alert_only(s: Setting, kind: str) -> bool:
     """Whether the plan for the fault is to alert and keep serving (degraded)."""
-    if kind == "stream_leak":
+    if kind in ("stream_leak", "pause_overrun"):
         return True
     policy_alert = s.policy.get("parser_policy") == "alert"
     family_unknown = s.model.startswith("/models/")  # no expected parsers: nothing to relaunch with
