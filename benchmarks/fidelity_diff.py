@@ -3,8 +3,10 @@
 For each tp size it launches the real SGLang 0.5.23 (CPU, the tiny scripted model of the real-serving tier) and
 `simulator.launch_server` with the same model path, and records what the supervisor relies on: process titles,
 endpoint status codes, `/health` timing when idle, metric names and label sets, normalised log lines of startup;
-then, on tp 1, what SIGKILL of the scheduler does (main exit code and its teardown lines), and on tp >= 2, what
-SIGSTOP of `scheduler_TP1` with a request in flight does (`/health` code and time, running gauge, token counter).
+then what `/pause_generation` in each mode does with a request decoding (`/ready`, `/ping`, the gauges, the token
+counter, the memory release and resume, `/continue_generation`); then, on tp 1, what SIGKILL of the scheduler does
+(main exit code and its teardown lines), and on tp >= 2, what SIGSTOP of `scheduler_TP1` with a request in flight
+does (`/health` code and time, running gauge, token counter).
 It prints the differences (and writes both profiles to `benchmarks/results/fidelity.json`). Figures, no verdict:
 a difference is either a simulator bug to fix or a deliberate difference written down in benchmarks/README.md.
 
@@ -202,6 +204,7 @@ def observe(target: Target, tp: int) -> dict[str, Any]:
         }
         profile["metrics"] = metric_shapes(_http("GET", target.url + "/metrics", None, 30)[2])
         profile["startup_log"] = sorted({normalise(x) for x in target.log_lines() if _STAMP.match(x)})
+        profile["pause"] = {mode: _pause(target, mode) for mode in ("abort", "retract", "in_place")}
         profile["fault"] = _hang(target) if tp >= 2 else _rank_kill(target)
         return profile
     finally:
@@ -240,6 +243,36 @@ def _hang(target: Target) -> dict[str, Any]:
         "running_reqs": _gauge(target.url, "sglang:num_running_reqs"),
         "tokens_frozen": _gauge(target.url, "sglang:realtime_tokens_total") == tokens,
     }
+
+
+def _pause(target: Target, mode: str) -> dict[str, Any]:
+    """`/pause_generation` in `mode` with a request decoding: the codes and counters the engine probe reads."""
+    _in_flight(target.url)
+    deadline = time.monotonic() + 120
+    while _gauge(target.url, "sglang:num_running_reqs") < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    code, _, body = _http("POST", target.url + "/pause_generation", {"mode": mode}, 60)
+    time.sleep(1.0)
+    tokens = _gauge(target.url, "sglang:realtime_tokens_total")
+    seen = {
+        "pause": [code, body.strip()],
+        "ready": _http("GET", target.url + "/ready", None, 10)[0],
+        "ping": _http("GET", target.url + "/ping", None, 10)[0],
+        "running_reqs": _gauge(target.url, "sglang:num_running_reqs"),
+        "queue_reqs": _gauge(target.url, "sglang:num_queue_reqs"),
+        "pause_responses": _gauge(target.url, "sglang:http_responses_total") > 0,
+    }
+    time.sleep(2.0)
+    seen["tokens_frozen"] = _gauge(target.url, "sglang:realtime_tokens_total") == tokens
+    release = _http("POST", target.url + "/release_memory_occupation", {}, 60)
+    seen["release"] = [release[0], release[2].strip()]
+    resumed = _http("POST", target.url + "/resume_memory_occupation", {}, 60)
+    seen["resume"] = [resumed[0], resumed[2].strip()]
+    code, _, body = _http("POST", target.url + "/continue_generation", {}, 60)
+    seen["continue"] = [code, body.strip()]
+    seen["ready_after"] = _http("GET", target.url + "/ready", None, 10)[0]
+    _http("POST", target.url + "/abort_request", {"abort_all": True}, 30)
+    return seen
 
 
 def _argv(python: str, module: str, model: Path, tp: int, port: int, real: bool) -> list[str]:

@@ -84,9 +84,12 @@ class Engine:
         self.dead = False  # a rank's pipe broke: the scheduler side never answers again
         self.forward_ct = 0
         self.batch_active_since: float | None = None
+        self.step_due: float | None = None  # when the step in progress should have answered
         self.wedged: str = ""  # the fault that wedged the ranks
         self.health_busy_path = False
         self.long_prefill_until = 0.0
+        self.paused = ""  # SGLang's /pause_generation mode while paused: abort | retract | in_place
+        self._told = False  # the ranks were told the scheduler is paused (retract, in_place)
         self._steps = itertools.count(1)
         self._thread = threading.Thread(target=self._loop, name="scheduler-client", daemon=True)
         self._watchdog = threading.Thread(target=self._watchdog_loop, name="scheduler-watchdog", daemon=True)
@@ -117,6 +120,43 @@ class Engine:
                 )
                 self.cond.notify_all()
 
+    def pause(self, mode: str) -> None:
+        """`/pause_generation`: `abort` ends every user request (the scheduler is not told); `retract` moves the
+        running requests back to the queue and publishes idle stats once; `in_place` keeps them as they are (the
+        gauges stay stale, and SGLang's watchdog still sees the batch). Nothing steps until `resume`."""
+        with self.cond:
+            self.paused = mode
+            if mode == "abort":
+                dropped = [r for r in (*self.running, *self.waiting) if r.kind == "user"]
+                self.running = [r for r in self.running if r.kind != "user"]
+                self.waiting = [r for r in self.waiting if r.kind != "user"]
+                for req in dropped:
+                    req.sink([], True, "abort")
+                self.metrics.log_stats(0, 0, self.parked, throughput=0.0)
+            elif mode == "retract":
+                self.waiting = [*self.running, *self.waiting]
+                self.running = []
+                queued = len([r for r in self.waiting if r.kind == "user"])
+                self.metrics.log_stats(0, queued, self.parked, throughput=0.0)
+            elif self.running:  # in_place: the batch stays current, so the watchdog's clock runs
+                self.batch_active_since = time.monotonic()
+            self.cond.notify_all()
+
+    def resume(self) -> None:
+        """`/continue_generation`: the scheduler steps again (retracted requests are recomputed)."""
+        with self.cond:
+            self.paused = ""
+            self.batch_active_since = None
+            self.cond.notify_all()
+
+    def step_overdue(self, now: float, grace_s: float = 2.0) -> bool:
+        """A step has waited `grace_s` past its time for its ranks (one stopped, or stuck in a collective)."""
+        due = self.step_due
+        return due is not None and now > due + grace_s
+
+    def _scheduler_paused(self) -> bool:
+        return self.paused in ("retract", "in_place")
+
     @property
     def desynced(self) -> bool:
         """True when the TP ranks are stuck in different collectives (the last rank ahead, idle on its GPU)."""
@@ -137,20 +177,39 @@ class Engine:
         last_idle_log = time.monotonic()
         while True:
             with self.cond:
-                while not self.stopping and (self.dead or (not self.waiting and not self.running)):
+                while not self.stopping and (self.dead or self._nothing_to_do()):
                     self.cond.wait(timeout=1.0)
-                    if not self.dead:
+                    if not self.dead and not self.paused:
                         self.snapshot_at = time.time()
-                    if time.monotonic() - last_idle_log >= 30.0:
+                    if time.monotonic() - last_idle_log >= 30.0 and not self.paused:
                         last_idle_log = time.monotonic()
                         self.metrics.idle_tick(self.parked)
                 if self.stopping:
                     return
-                new = self.waiting
-                self.waiting = []
-                self.running.extend(new)
-                running = list(self.running)
+                tell = self._scheduler_paused()
+                if tell == self._told:
+                    new = self.waiting
+                    self.waiting = []
+                    self.running.extend(new)
+                    running = list(self.running)
+            if tell != self._told:  # the ranks' paused loop begins or ends (told from this thread only)
+                self._told = tell
+                self._send_all({"op": "pause" if tell else "continue"})
+                continue
             self._step(new, running)
+
+    def _nothing_to_do(self) -> bool:
+        """Under the lock: no step to run and nothing to tell the ranks."""
+        if self._told != self._scheduler_paused():
+            return False
+        return bool(self.paused) or (not self.waiting and not self.running)
+
+    def _send_all(self, message: dict[str, object]) -> None:
+        try:
+            for conn in self.conns:
+                conn.send(message)
+        except (OSError, ValueError):
+            self.dead = True
 
     def _choose_mode(self, running: list[Req]) -> tuple[str, float]:
         """The fault (if any) this step runs into, and the step duration."""
@@ -217,6 +276,7 @@ class Engine:
             batch["ignore_sigterm"] = fault_name == "custom_allreduce_spin_sigterm_immune"
             batch["kernel"] = "spec" if fault_name == "spec_decode_kernel_spin" else "allreduce"
         self.batch_active_since = time.monotonic()
+        self.step_due = self.batch_active_since + step_s
         try:
             for conn in self.conns:
                 conn.send(batch)
@@ -228,7 +288,7 @@ class Engine:
                 return
         if self.cross_node is not None:
             self.cross_node(batch)
-        self.batch_active_since = None
+        self.batch_active_since = self.step_due = None
         self.forward_ct += 1
         self.last_receive_tstamp = self.snapshot_at = time.time()
         self._emit(running)

@@ -22,6 +22,7 @@ from simulator.faults import FaultBook
 from simulator.logs import log
 from simulator.openai_api import ApiError, chat_chunk, chat_completion, parse_chat_request, usage_chunk
 from simulator.parsers.chat import StreamParser, chunk_tokens, parse_complete
+from simulator.pause import PauseGate
 
 
 class Generation:
@@ -50,6 +51,7 @@ class Generation:
         self.rng = random.Random(self.seed)
         self.served = 0
         self.streams = 0
+        self.gate: PauseGate | None = None  # the tokenizer's pause: new requests wait here
 
     def _too_long(self, prompt_tokens: int) -> str:
         """SGLang's context-length check of the tokenized input ("" when it fits)."""
@@ -67,9 +69,11 @@ class Generation:
             return self.served <= limit
         return True
 
-    def _submit(
+    async def _submit(
         self, tokens: list[str], prompt_tokens: int, finish: str
     ) -> asyncio.Queue[tuple[list[str], bool, str]]:
+        if self.gate is not None:
+            await self.gate.wait_open()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[list[str], bool, str]] = asyncio.Queue()
 
@@ -108,7 +112,7 @@ class Generation:
             tokens = (tokens * (max_new // len(tokens) + 1))[
                 : max(1, max_new)
             ]  # no EOS: exactly max_new_tokens
-        queue = self._submit(tokens, max(1, len(str(prompt)) // 4), "length")
+        queue = await self._submit(tokens, max(1, len(str(prompt)) // 4), "length")
         out: list[str] = []
         reason = "length"
         if body.get("stream"):
@@ -134,7 +138,11 @@ class Generation:
                 "output_ids": list(range(len(out))),
                 "meta_info": {
                     "id": uuid.uuid4().hex,
-                    "finish_reason": {"type": reason, "length": len(out)},
+                    "finish_reason": (
+                        {"type": "abort", "message": "Aborted"}
+                        if reason == "abort"
+                        else {"type": reason, "length": len(out)}
+                    ),
                     "prompt_tokens": max(1, len(str(prompt)) // 4),
                     "completion_tokens": len(out),
                     "cached_tokens": 0,
@@ -161,7 +169,7 @@ class Generation:
         if not self._admit():
             await asyncio.Event().wait()
         tokens, raw_finish = generate_chat(self.family, self.args.model_path, parsed, self.seed)
-        queue = self._submit(tokens, prompt_tokens, raw_finish)
+        queue = await self._submit(tokens, prompt_tokens, raw_finish)
         cid, created, model = f"{uuid.uuid4().hex}", int(time.time()), self.args.served_name
         if body.get("stream"):
             return await self._chat_stream(request, body, parsed, queue, (cid, created, model), prompt_tokens)

@@ -181,10 +181,10 @@ class Launch:
             engine = self.engine
             if not self.ready:
                 phase = "loading"
-            elif engine is not None and engine.wedged:
-                phase = "spin"
-            elif engine is not None and engine.running:
-                phase = "busy"
+            elif engine is not None and (engine.wedged or engine.step_overdue(time.monotonic())):
+                phase = "spin"  # the ranks that still run wait in a collective for one that does not
+            elif engine is not None and engine.running and not engine.paused:
+                phase = "busy"  # a paused engine runs no kernel
             else:
                 phase = "idle"
             samples = []

@@ -212,11 +212,23 @@ def load_model(spec: RankSpec, conn: Connection) -> None:
     )
 
 
+def _record_scheduler_state_for_paused_engine(conn: Connection) -> dict[str, Any]:
+    """SGLang's paused event loop (`retract`, `in_place`): spin on the intake until told to continue; the stack
+    names this function, as a paused scheduler's does. Returns the message that ended the pause."""
+    while True:
+        if conn.poll(0.05):
+            message: dict[str, Any] = conn.recv()
+            if message.get("op") in ("continue", "shutdown"):
+                return message
+
+
 def event_loop(spec: RankSpec, conn: Connection, group: tuple[Barrier, Barrier]) -> None:
     """Receive batches and run them; rank 0 reports each finished step."""
     while True:
         try:
             batch = recv_requests(conn)
+            if batch.get("op") == "pause":
+                batch = _record_scheduler_state_for_paused_engine(conn)
         except (EOFError, OSError):
             threading.Event().wait()  # the parent is gone: like a ZMQ recv, wait forever (PDEATHSIG ends us)
         op = batch.get("op")

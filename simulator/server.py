@@ -22,6 +22,7 @@ from simulator.families import detect_family
 from simulator.faults import FaultBook, ScenarioError, make_fault
 from simulator.generation import Generation
 from simulator.logs import log
+from simulator.pause import PauseGate
 from simulator.sim_metrics import SimMetrics
 
 CONTEXT_LEN = 131072
@@ -76,9 +77,11 @@ class SimServer:
         self.control = os.environ.get("SGLANG_SIM_CONTROL", "") == "1"
         self.context_len = int(args.context_length or CONTEXT_LEN)
         self.pd = pd.PdSide(args, metrics, engine, faults)
+        self.pause = PauseGate(engine, self.healthy)
         self.generation = Generation(
             args, engine, faults, self.pd, self.family, self.context_len, state.launch_dirty, on_fatal
         )
+        self.generation.gate = self.pause
 
     def app(self) -> web.Application:
         """The aiohttp application with SGLang's routes."""
@@ -86,7 +89,7 @@ class SimServer:
         r = app.router
         for path in ("/health", "/health_generate"):
             r.add_get(path, self.health)
-        r.add_get("/ping", self.ping)
+        self.pause.routes(r)
         for path in ("/model_info", "/get_model_info"):
             r.add_get(path, self.model_info)
         for path in ("/server_info", "/get_server_info"):
@@ -144,8 +147,11 @@ class SimServer:
         if not self.health_generation and request.path == "/health":
             return web.Response(status=200)
         tic = time.time()
-        self.engine.submit_health()
+        submitted = False
         while time.time() < tic + self.health_timeout:
+            if not submitted and not self.pause.paused:  # while paused it waits before the scheduler
+                self.engine.submit_health()
+                submitted = True
             await asyncio.sleep(1)
             if self.engine.last_receive_tstamp > tic:
                 self.state.status = "Up"
@@ -174,9 +180,9 @@ class SimServer:
             )
             self.on_fatal("sigquit")
 
-    async def ping(self, request: web.Request) -> web.Response:
-        """SageMaker liveness: always 200 once the HTTP server is up."""
-        return web.Response(status=200)
+    def healthy(self) -> bool:
+        """SGLang's `is_healthy()`: started, not shutting down, and no `/health` failed since the last success."""
+        return not self.state.gracefully_exit and self.state.status == "Up"
 
     async def model_info(self, request: web.Request) -> web.Response:
         """Served from the main process only: answers even when the scheduler is wedged."""

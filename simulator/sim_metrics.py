@@ -102,11 +102,12 @@ class SimMetrics:
             self.counters[("cuda_graph_passes_total", f'mode="{mode}"')] += 1
             self._decode_tokens_since_log += tokens
 
-    def log_stats(self, running: int, queue: int, parked: int) -> None:
-        """Every `--decode-log-interval` decode steps."""
+    def log_stats(self, running: int, queue: int, parked: int, throughput: float | None = None) -> None:
+        """Every `--decode-log-interval` decode steps (and once when a pause retracts or aborts the batch)."""
         with self._lock:
             self._set_batch_gauges(running, queue, parked)
-            self.gauges["gen_throughput"] = round(50.0 * max(running, 1), 2)
+            rate = round(50.0 * max(running, 1), 2) if throughput is None else throughput
+            self.gauges["gen_throughput"] = rate
 
     def idle_tick(self, parked: int) -> None:
         """The idle stats every 30 s: throughput 0, queues as they are."""

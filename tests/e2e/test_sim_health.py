@@ -47,9 +47,11 @@ def test_stalled_scheduler_503_after_the_health_timeout_then_recovers(tmp_path: 
             r"Health check failed\. Server couldn't get a response from detokenizer for last 2 seconds\. "
             r"tic start time: \d\d:\d\d:\d\d\. last_heartbeat time: \d\d:\d\d:\d\d"
         )
-        assert [sim.get(p).status for p in ("/ping", "/model_info", "/v1/models")] == [200, 200, 200]
+        # /ping is SGLang 0.5.23's is_healthy(): a failed /health marks the server unhealthy until one passes
+        assert [sim.get(p).status for p in ("/ping", "/model_info", "/v1/models")] == [503, 200, 200]
         _stop_ranks(sim, signal.SIGCONT)
         assert sim.get("/health").status == 200  # UnHealthy does not block later probes
+        assert sim.get("/ping").status == 200
 
 
 def test_sigterm_while_unhealthy_force_exits(tmp_path: Path) -> None:

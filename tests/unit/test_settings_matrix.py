@@ -168,7 +168,9 @@ def observe(
     work: dict[str, Any] = {"work": False, "stalled_s": 0.0, "pd_stalled_s": 0.0}
     if striking in ("decode_wedge", "collective_hang", "pause_overrun"):
         work = {"work": True, "stalled_s": 60.0, "work_reasons": ["generation_requests_active"]}
-    if striking == "pause_overrun":  # paused by its client past max_pause_s, requests waiting, /health failing
+    if (
+        striking == "pause_overrun"
+    ):  # paused by its client past max_pause_s, requests waiting, /health failing
         since = now - settings.max_pause_s - 1
         found.append(obs("engine", True, "paused", ready=503, ping=200, paused=True, paused_since=since))
     if striking == "pd_transfer_wedge":
