@@ -5,7 +5,7 @@ What a user runs: no tuned probes (`/health` every 10 s, metrics every 5 s, `sta
 Paris to every prompt (a false `stream_leak`, alert-only, that only this model makes). The tests run in file order
 on the same deployment, each starting from `serving` and leaving it serving again (each fault costs one real
 relaunch, ~60 s on 2 cores): SGLang's own benchmark client at 8 concurrent streams (no incident, every request
-served), then an idle freeze, a collective hang, a decode wedge, the daemon SIGKILLed and its successor adopting
+served), an RL client's pause in each mode with requests in flight (no incident, no relaunch), then an idle freeze, a collective hang, a decode wedge, the daemon SIGKILLed and its successor adopting
 the tree, and a rank kill, each diagnosed as itself.
 """
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,42 @@ def test_sglang_benchmark_client_at_8_concurrent_is_served_with_no_incident(
     assert result["failed"] == 0 and result["completed"] == result["requests"], result
     after = dep.server()
     assert after["state"] == "serving" and after["pid"] == first["pid"]
+    assert len(dep.incidents()) == incidents, dep.incidents()[incidents:]
+
+
+PAUSE_HELD_S = 30.0  # past stall_after_s (20 s: the false decode_wedge at 21 s) and its strong quarter (5 s)
+
+
+def _post(base_url: str, path: str, body: dict[str, Any]) -> int:
+    req = urllib.request.Request(
+        base_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return int(resp.status)
+
+
+@pytest.mark.parametrize("mode", ["abort", "retract", "in_place"])
+def test_a_pause_by_its_rl_client_with_requests_in_flight_is_no_incident(
+    dep: RealDeployment, mode: str
+) -> None:
+    """Two requests decoding, `/pause_generation` in `mode` held 30 s, `/continue_generation`: the engine seen
+    paused (SGLang's /ready 503), no incident, same PID and rung (the real server was killed at 21 s as a
+    decode_wedge, or at 12.8 s as a collective_hang, before the pause was understood)."""
+    first = dep.wait(serving, timeout=READY_S, what="serving")
+    incidents = len(dep.incidents())
+    with InFlight(dep.sim_url, n=2):
+        wait_running(dep.sim_url, 1, timeout=300)
+        assert _post(dep.sim_url, "/pause_generation", {"mode": mode}) == 200
+        seen = dep.wait(lambda s: s["engine"] is not None, timeout=30, what="the pause seen")
+        held_until = time.monotonic() + PAUSE_HELD_S
+        while time.monotonic() < held_until:
+            assert len(dep.incidents()) == incidents, dep.incidents()[incidents:]
+            time.sleep(2)
+        assert dep.server()["engine"]["paused_s"] >= PAUSE_HELD_S - 5
+        assert _post(dep.sim_url, "/continue_generation", {}) == 200
+        after = dep.wait(lambda s: s["engine"] is None and serving(s), timeout=60, what="the pause over")
+    assert seen["pid"] == after["pid"] == first["pid"] and after["restarts"] == first["restarts"]
+    assert after["fallback"]["rung"] == first["fallback"]["rung"]
     assert len(dep.incidents()) == incidents, dep.incidents()[incidents:]
 
 

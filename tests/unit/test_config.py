@@ -74,6 +74,15 @@ def test_format_errors_one_line_per_error(tmp_path: Path) -> None:
     assert lines[1].startswith("servers[0].probes.health_failures: got 0;")
 
 
+def test_max_pause_s_must_be_positive(tmp_path: Path) -> None:
+    """`max_pause_s` ≤ 0 would make every engine pause an incident: a config error at its field path."""
+    path = write(tmp_path, extra="[servers.probes]\nmax_pause_s = 0\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert info.value.format_errors().startswith("servers[0].probes.max_pause_s: got 0;")
+    assert load_config(write(tmp_path), env={}).servers[0].probes.max_pause_s == 1800
+
+
 def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
     """Unset fields take the documented defaults."""
     config = load_config(write(tmp_path), env={})
