@@ -16,9 +16,8 @@ uninterruptible sleep, no CPU time) has `/health` probed at once (after the one 
 idle engine is told by its first failed `/health` (SGLang answers 503 after its 20 s health timeout), not after
 `unresponsive_after_s`.
 
-While SGLang reports its engine paused by its client (probes/engine.py, read with every scrape), the probes that
-send it a generation stand aside — `/health` (it generates a token and would wait out the pause, then mark the
-server unhealthy), the canaries and the load canary — and run as soon as the pause ends.
+While SGLang reports its engine paused by its client (probes/engine.py, read with every scrape), `/health` (it
+would wait out the pause, then mark SGLang unhealthy) and the canaries stand aside until the pause ends.
 """
 
 from __future__ import annotations
@@ -56,8 +55,7 @@ from probes.progress import ProgressTracker, scrape_metrics
 from probes.stacks import observe_ranks, probe_stacks
 from probes.stream_canary import stream_canary
 
-LOCAL_PERIOD_S = 1.0
-CANARY_RETRY_S = 15.0
+LOCAL_PERIOD_S, CANARY_RETRY_S = 1.0, 15.0
 STARTUP_HEALTH_PERIOD_S = 0.5
 BUSY_SCRAPE_S = 2.0
 SUSPECT_SCRAPE_S = 1.0

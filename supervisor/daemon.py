@@ -21,6 +21,7 @@ from supervisor.alerts.from_config import build_dispatcher, delivery_limits
 from supervisor.config import Config, ConfigError, load_config
 from supervisor.config.changes import changed_sections, restart_needed
 from supervisor.config.prepare import prepare
+from supervisor.gateway.wiring import membership as gateway_membership
 from supervisor.group.etcd import EtcdClient
 from supervisor.group.member import GroupMember
 from supervisor.group.report import GroupReporter
@@ -33,6 +34,7 @@ from supervisor.loop.host import Host, RealHost
 from supervisor.loop.incidents import IncidentBook
 from supervisor.loop.server import ServerLoop
 from supervisor.loop.services import Services
+from supervisor.loop.status_view import engine_pause_line
 from supervisor.packaged import version
 from supervisor.records.journal import IncidentJournal
 from supervisor.records.statefile import StateFile
@@ -102,6 +104,7 @@ class Daemon:
         self.loops = [ServerLoop(config.server(name), self.svc) for name in order]
         self.svc.loops = {loop.name: loop for loop in self.loops}
         self.metrics.watch_servers(lambda: [loop.gauges() for loop in self.loops])
+        self.svc.gateway = gateway_membership(config, lambda: self.loops, self.metrics)
         self.started = self.clock.wall()
         self.version = version()  # the running program's: a wheel installed over it shows after a handover
         self.stop_event = asyncio.Event()
@@ -122,6 +125,8 @@ class Daemon:
     def _state_changed(self) -> None:
         sdnotify.status(self.status_line())
         self.status.changed()
+        if self.svc.gateway is not None:
+            self.svc.gateway.poke()
 
     def targets(self, name: str | None) -> list[ServerLoop]:
         """The named server, or all of them."""
@@ -141,6 +146,7 @@ class Daemon:
             "generated_at": self.clock.wall(),
             "servers": [loop.status() for loop in self.loops],
             "group": self.group.status() if self.group is not None else None,
+            "gateway": self.svc.gateway.summary() if self.svc.gateway is not None else None,
             "incidents": [i.to_json() for i in list(self.svc.incidents.recent)[-20:]][::-1],
         }
 
@@ -194,7 +200,7 @@ class Daemon:
                 loop.owner.unproven,
                 loop.owner.since,
                 now - loop.last_beat if loop.stale(now, after) else None,
-                loop.watch.engine_pause_line(),
+                engine_pause_line(loop),
             )
             for loop in targets
         ]
@@ -308,6 +314,7 @@ class Daemon:
             await self.alerts.aclose(1.0)
             return 1
         ticker = asyncio.create_task(self.tick())
+        gateway = asyncio.create_task(self.svc.gateway.run()) if self.svc.gateway is not None else None
         tasks = [asyncio.create_task(loop.run_forever(), name=f"server.{loop.name}") for loop in self.loops]
         sdnotify.ready(self.status_line())
         log.info(
@@ -332,6 +339,11 @@ class Daemon:
             if task.done() and not task.cancelled() and task.exception() is not None:
                 log.error("server.task_failed", task=task.get_name(), error=repr(task.exception()))
         ticker.cancel()
+        if gateway is not None and self.svc.gateway is not None:
+            if not self.handing_over:
+                await self.svc.gateway.round()  # the stopped servers out, whatever a task was doing
+            gateway.cancel()
+            await self.svc.gateway.client.aclose()
         await self.status.stop()
         await self.alerts.aclose(5.0)
         self.svc.save_state()

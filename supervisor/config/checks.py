@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from policies import argv
 from policies.ladders import parse_ladders
@@ -52,6 +53,8 @@ def check_config(config: Config, env: Mapping[str, str]) -> list[FieldError]:
             (member.probes.canary_mode, member.probes.stream_canary_period_s) if member else ("off", 0.0)
         )
         errors += [FieldError(*p) for p in check_group(config.group, listed, arg, canaries)]
+    if config.gateway is not None:
+        errors += _check_gateway(config)
     alerts = config.alerts
     sinks = {
         "webhook.url": alerts.webhook and (alerts.webhook.url_file, alerts.webhook.url_env, True),
@@ -197,3 +200,28 @@ def parser_warnings(config: Config) -> list[str]:
             cost = "the server will serve degraded and alert (parser_policy = alert): agent clients get raw markup"
         found.append(f"servers[{i}].args ({server.name}): {'; '.join(wrong)} — {cost}")
     return found
+
+
+def _check_gateway(config: Config) -> list[FieldError]:
+    """`[gateway]`: a readable key file, and URLs that can reach each other (a loopback worker URL is useless
+    to a gateway on another host; a gateway on loopback cannot reach a worker advertised beyond it either)."""
+    gw = config.gateway
+    assert gw is not None
+    errors: list[FieldError] = []
+    if gw.admin_key_file is not None and not gw.admin_key_file.is_file():
+        errors.append(FieldError("gateway.admin_key_file", str(gw.admin_key_file), "an existing file"))
+    gateway_local = is_loopback(urlsplit(gw.url).hostname or "")
+    for i, s in enumerate(config.servers):
+        if s.role.value == "router":
+            continue
+        worker_local = is_loopback(urlsplit(s.gateway_url).hostname or "")
+        if worker_local != gateway_local:
+            where = "a loopback" if gateway_local else "a non-loopback"
+            errors.append(
+                FieldError(
+                    f"servers[{i}].advertise_url",
+                    s.gateway_url,
+                    f"a URL the gateway at {gw.url} can reach ({where} address, as the gateway's)",
+                )
+            )
+    return errors

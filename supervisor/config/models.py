@@ -129,6 +129,7 @@ class ServerConfig(_Model):
     drain_grace_s: float = Field(30, ge=0)
     depends_on: tuple[str, ...] = ()
     api_key_file: OptionalPath = None  # the key the server requires, when it is not in args
+    advertise_url: str | None = Field(None, pattern=r"^https?://[^\s/]+$")  # how the gateway reaches it
     probes: ProbesConfig = ProbesConfig()
     policy: PolicyConfig = PolicyConfig()
 
@@ -168,6 +169,18 @@ class ServerConfig(_Model):
     def base_url(self) -> str:
         """Where the probes reach this server's HTTP port: its `bind_host` as SGLang's `ServerArgs.url()` makes it."""
         return f"http://{url_host(self.bind_host)}:{self.http_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        """The URL the gateway reaches this server by: `advertise_url`, else `base_url`."""
+        return self.advertise_url or self.base_url
+
+    @property
+    def bootstrap_port(self) -> int | None:
+        """A PD prefill's bootstrap port (`--disaggregation-bootstrap-port`, SGLang's default 8998)."""
+        if self.role is not Role.PREFILL:
+            return None
+        return self.positive_arg("--disaggregation-bootstrap-port") or 8998
 
     @property
     def tp_size(self) -> int:
@@ -280,6 +293,17 @@ class AlertsConfig(_Model):
     retries: int = Field(3, ge=0)
 
 
+class GatewayConfig(_Model):
+    """`[gateway]`: SGLang's gateway (SMG, or sglang-router) in front of this host's servers."""
+
+    url: str = Field(pattern=r"^https?://[^\s/]+/?$")
+    admin_key_file: OptionalPath = None  # SMG's admin control-plane key, or sglang-router's --api-key
+    min_available: int = Field(0, ge=0)  # other ready workers of the model a planned stop must leave
+    timeout_s: float = Field(2.0, gt=0, le=30)  # every call to the gateway
+    drain_s: float = Field(60.0, ge=0)  # a planned stop waits this long at most for the server's requests
+    wait_available_s: float = Field(120.0, ge=0)  # and this long at most for min_available
+
+
 class Config(_Model):
     """The whole file."""
 
@@ -287,6 +311,7 @@ class Config(_Model):
     servers: tuple[ServerConfig, ...]
     alerts: AlertsConfig = AlertsConfig()
     group: GroupConfig | None = None
+    gateway: GatewayConfig | None = None
 
     def server(self, name: str) -> ServerConfig:
         """The server called `name` (KeyError if none)."""

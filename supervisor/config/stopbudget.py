@@ -1,7 +1,8 @@
 """How long a stop of the daemon takes at most: what a stop timeout must give it (`docker stop -t`, a pod's
 `terminationGracePeriodSeconds`, the unit's `TimeoutStopSec=`).
 
-SIGTERM stops every server at once: each is drained (SIGTERM to its main process, up to `drain_grace_s`, then
+SIGTERM stops every server at once: behind a `[gateway]` each first leaves it and waits for its own requests
+(up to three gateway timeouts and `drain_s`); then each is drained (SIGTERM to its main process, up to `drain_grace_s`, then
 SIGKILL of the group) and reaped, its processes, GPUs and ports verified gone, with up to `release_deadline_s` for
 the reap; the alert sinks get `ALERT_FLUSH_S` to deliver what is queued. A stop timeout shorter than that kills
 the daemon mid-drain: in a container the kernel then kills everything of its PID namespace at once (no drain, the
@@ -44,6 +45,11 @@ def stop_budget(config: Config) -> StopBudget:
     first = f"drain_grace_s {grace} ({slowest.name})" if grace >= forensics else f"forensics {forensics}"
     total = max(grace, forensics) + release + ALERT_FLUSH_S + SLACK_S
     why = f"{first} + release_deadline_s {release} + alert flush {ALERT_FLUSH_S} + exit {SLACK_S}"
+    gw = config.gateway
+    if gw is not None:  # out of the gateway first (its calls), then the server's own requests done
+        gateway = math.ceil(gw.timeout_s * 3 + gw.drain_s)
+        total += gateway
+        why = f"gateway leave and drain_s {gateway} + {why}"
     return StopBudget(total, why)
 
 

@@ -15,11 +15,13 @@ from policies.model import Fault
 from policies.plan import build_argv
 from policies.states import ServerState
 from policies.triage import spawn_failure as triage_spawn_failure
+from supervisor.gateway.drain import leave_for_planned_stop
 from supervisor.host.forensics import BUDGET_S, Evidence
 from supervisor.host.launcher import SpawnFailed
 from supervisor.host.release import ReleaseReport
 from supervisor.loop.commands import Command, Outcome
 from supervisor.records.incident import Incident
+from supervisor.redaction import server_api_key
 
 if TYPE_CHECKING:
     from supervisor.loop.context import Loop
@@ -198,6 +200,7 @@ async def planned_restart(loop: Loop, cmd: Command) -> None:
         loop.owner.set_levels(cmd.promotion.levels, cmd.promotion.step)
     loop.operator_entry(cmd.kind, cmd)
     loop.owner.transition(S.STOPPING, f"restart requested by {cmd.actor}: {cmd.reason}")
+    await _leave_gateway(loop)
     report = await release_run(loop, mode="drain")
     cmd.answer("restarted" if report.ok else f"release failed: {report.reason}")
     if not report.ok:
@@ -213,7 +216,16 @@ async def stop_for_good(loop: Loop) -> None:
     owner = loop.owner
     if owner.state not in (S.STOPPED, S.STOPPING):
         owner.transition(S.STOPPING, "daemon stopping")
+    if owner.run is not None:
+        await _leave_gateway(loop)
     report = await release_run(loop, mode="drain", any_run_of=loop.marker)
     if owner.state is S.STOPPING:
         owner.transition(S.STOPPED if report.ok else S.FAILED, report.reason)
     await loop.watch.aclose()
+
+
+async def _leave_gateway(loop: Loop) -> None:
+    """A planned stop behind a gateway: out of rotation, the server's requests done (bounded), then the stop."""
+    note = await leave_for_planned_stop(loop, server_api_key(loop.cfg))
+    if note:
+        loop.log.info("gateway.drained", result=note)

@@ -41,7 +41,7 @@ from supervisor.loop.commands import Command, Outcome
 from supervisor.loop.grouped import run_grouped
 from supervisor.loop.owner import ServerOwner
 from supervisor.loop.services import Services
-from supervisor.loop.status_view import server_status
+from supervisor.loop.status_view import engine_pause, server_status
 from supervisor.loop.watch import Watch
 from supervisor.packaged import version
 from supervisor.reporting.metrics import ServerGauges
@@ -391,7 +391,7 @@ class ServerLoop:
     # ---- status --------------------------------------------------------------------------------------------
     def gauges(self) -> ServerGauges:
         """What the metrics read at scrape time: the owner's state and whether SGLang's engine is paused."""
-        return dataclasses.replace(self.owner.gauges(), engine_paused=self.watch.engine_pause() is not None)
+        return dataclasses.replace(self.owner.gauges(), engine_paused=engine_pause(self) is not None)
 
     def status(self) -> dict[str, Any]:
         """This server in `/status` (supervisor.loop.status_view)."""

@@ -19,6 +19,7 @@ from supervisor.records.statefile import StateFile
 from supervisor.reporting.metrics import SupervisorMetrics
 
 if TYPE_CHECKING:
+    from supervisor.gateway.membership import Membership
     from supervisor.group.member import GroupMember
 
 
@@ -49,6 +50,7 @@ class Services:
     on_state_change: Callable[[], None] = lambda: None
     loops: dict[str, Peer] = field(default_factory=dict)
     group: GroupMember | None = None  # this host's seat in a multi-node group (`[group]`), if any
+    gateway: Membership | None = None  # this daemon's servers in SGLang's gateway (`[gateway]`), if any
 
     def save_state(self) -> None:
         """Persist state.json (a failure is logged and alerted, never raised into a loop)."""

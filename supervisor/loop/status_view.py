@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from policies.argv import redact as redact_argv
+from policies.model import engine_values
 from supervisor.reporting import argv_view
 
 if TYPE_CHECKING:
@@ -45,8 +46,34 @@ def server_status(loop: Loop) -> dict[str, Any]:
             "rungs": argv_view.rungs(loop.cfg.args, owner.levels, ladders),
             "ladders": argv_view.ladder_table(ladders),
         },
-        "engine": loop.watch.engine_pause(),
+        "engine": engine_pause(loop),
+        "gateway": loop.svc.gateway.view(loop.name) if loop.svc.gateway is not None else None,
         "probes": loop.watch.snapshot(),
         "startup": loop.watch.startup_view(),
         "last_incident": last.to_json() if last else None,
     }
+
+
+def engine_pause(loop: Loop) -> dict[str, Any] | None:
+    """While SGLang reports its engine paused by its client: for how long, memory released, the bound."""
+    engine = loop.watch.latest("engine")
+    if engine is None or not engine_values(engine).get("paused"):
+        return None
+    v = engine_values(engine)
+    since = v.get("paused_since")
+    lasted = loop.clock.monotonic() - since if since is not None else 0.0
+    return {
+        "paused_s": round(max(lasted, 0.0), 1),
+        "max_pause_s": loop.cfg.probes.max_pause_s,
+        "memory_released": bool(v.get("memory_released")),
+        "evidence": engine.detail,
+    }
+
+
+def engine_pause_line(loop: Loop) -> str:
+    """Why a paused engine is not ready, in one line ('' when not paused)."""
+    pause = engine_pause(loop)
+    if pause is None:
+        return ""
+    released = ", memory released" if pause["memory_released"] else ""
+    return f"engine paused by its client for {pause['paused_s']:.0f}s{released} (SGLang's /ready is 503)"

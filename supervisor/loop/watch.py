@@ -17,12 +17,12 @@ from policies.model import (
     ProbeSettings,
     TreeView,
     canary_values,
-    engine_values,
     logs_values,
 )
 from policies.pd import Role
 from policies.states import ServerState
 from policies.triage import ServerFacts, TreeFacts, promotion, quiet, triage
+from supervisor.gateway.drain import wait_for_others
 from supervisor.host import proctree
 from supervisor.loop.commands import Command, Outcome
 from supervisor.loop.host import MonitorSpec, ProbeMonitor
@@ -83,6 +83,7 @@ class Watch:
         self.degraded: tuple[Incident, float] | None = None  # the alert-only incident and when (monotonic)
         self.paused_fault = ""  # the fault kind journaled while paused (once per kind)
         self.resumed = False  # an operator's resume: the next tick judges what is true now, losses included
+        self.resumed_at: float | None = None  # until a fresh lease reading, only what was seen since counts
         self.waiting_for = ""
         self.settings = ProbeSettings()  # this launch's, from the config (a reload replaces them)
         self._titles: list[str] | None = None
@@ -184,18 +185,22 @@ class Watch:
         self.monitor = self._new_monitor()  # per launch: this launch's port, model and settings
         self.tree, self.cursor, self.degraded, self.paused_fault = None, 0, None, ""
         self.seen_ranks, self.resumed, self.waiting_for = set(), False, ""
+        self.resumed_at = None
         self.monitor.reset(clock.monotonic())
         run = loop.owner.run
         assert run is not None
         while True:
             loop.beat()
             while (cmd := loop.next_command()) is not None:
+                if cmd.kind == "restart" and not await self._others_left(cmd):
+                    continue
                 paused = loop.owner.paused
                 kind = loop.handle_command(cmd)
                 if kind in ("restart", "stop"):
                     return Outcome(command=cmd if kind == "restart" else None)
                 if paused and not loop.owner.paused:
                     self.resumed, self.paused_fault = True, ""
+                    self.resumed_at = loop.clock.monotonic()
             outcome = await self.tick(run)
             if outcome is not None:
                 return outcome
@@ -205,6 +210,15 @@ class Watch:
                 loop.svc.config.supervisor.tick_s, max(0.0, self.monitor.next_due() - clock.monotonic())
             )
             await loop.svc.host.wait_exit(pids, due, clock, self.monitor.ready)
+
+    async def _others_left(self, cmd: Command) -> bool:
+        """A planned restart behind a gateway waits while it would leave fewer than `min_available` other ready
+        workers of the model (bounded), then is refused with the count; the server keeps serving."""
+        ok, why = await wait_for_others(self.loop)
+        if not ok:
+            self.loop.log.warning("gateway.restart_refused", reason=why, actor=cmd.actor)
+            cmd.answer(f"refused: {why}")
+        return ok
 
     async def tick(self, run: Any) -> Outcome | None:
         """One observe → triage → act step."""
@@ -237,7 +251,7 @@ class Watch:
         tree = TreeFacts(
             tuple(losses), run.returncode() if losses else None, tuple(run.tail(TAIL_LINES) if losses else ())
         )
-        window = self.monitor.window()
+        window = self._since_resume(self.monitor.window())
         result = triage(window, tree, facts, now)
         if result.fault is not None:
             return self._act_on_fault(result.fault)
@@ -253,6 +267,17 @@ class Watch:
         if owner.state is S.SERVING and not owner.paused:
             return self._promotion(window, now)
         return None
+
+    def _since_resume(self, window: list[Observation]) -> list[Observation]:
+        """After a resume, only observations made since, until the lease (a router: `/health`) was read again:
+        a stall or a failing probe seen during the pause counts only if a fresh reading still shows it."""
+        if self.resumed_at is None:
+            return window
+        fresh = [o for o in window if o.at >= self.resumed_at]
+        lease = "health" if self.loop.cfg.role is Role.ROUTER else "progress"
+        if any(o.probe == lease for o in fresh):
+            self.resumed_at = None
+        return fresh
 
     def _act_on_fault(self, fault: Fault) -> Outcome | None:
         """Carry out the step decided for `fault` (once, by the loop's `decide`)."""
@@ -351,29 +376,6 @@ class Watch:
     def latest(self, probe: str) -> Observation | None:
         """The newest observation of `probe` in this launch."""
         return self.monitor.latest(probe) if self.monitor else None
-
-    def engine_pause(self) -> dict[str, Any] | None:
-        """While SGLang reports its engine paused by its client: for how long, memory released, the bound."""
-        engine = self.latest("engine")
-        if engine is None or not engine_values(engine).get("paused"):
-            return None
-        v = engine_values(engine)
-        since = v.get("paused_since")
-        lasted = self.loop.clock.monotonic() - since if since is not None else 0.0
-        return {
-            "paused_s": round(max(lasted, 0.0), 1),
-            "max_pause_s": self.settings.max_pause_s,
-            "memory_released": bool(v.get("memory_released")),
-            "evidence": engine.detail,
-        }
-
-    def engine_pause_line(self) -> str:
-        """Why a paused engine is not ready, in one line ('' when not paused)."""
-        pause = self.engine_pause()
-        if pause is None:
-            return ""
-        released = ", memory released" if pause["memory_released"] else ""
-        return f"engine paused by its client for {pause['paused_s']:.0f}s{released} (SGLang's /ready is 503)"
 
     def startup_view(self) -> dict[str, Any] | None:
         """What startup waits for and its last progress line, for `/status` while starting."""

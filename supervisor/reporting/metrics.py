@@ -28,6 +28,7 @@ FAULT_KINDS = tuple(kind.value for kind in FaultKind)
 PROBE_RESULTS = ("ok", "fail", "timeout", "error")
 CANARY_VERDICTS = ("pass", "fail", "inconclusive")
 DELIVERY_OUTCOMES = ("ok", "failed", "dropped")
+GATEWAY_OPS = ("list", "add", "remove")
 GROUP_PHASES = tuple(phase.value for phase in Phase)
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
@@ -231,6 +232,24 @@ class SupervisorMetrics:
             ["group"],
             registry=reg,
         )
+        self._gateway_calls = Counter(
+            _PREFIX + "gateway_calls",
+            "Calls to the gateway's /workers API by operation (list add remove) and outcome (ok error).",
+            ["op", "outcome"],
+            registry=reg,
+        )
+        self._gateway_member = Gauge(
+            _PREFIX + "gateway_member",
+            "1 while the gateway lists this server as a worker.",
+            ["server"],
+            registry=reg,
+        )
+        self._gateway_out_of_sync = Gauge(
+            _PREFIX + "gateway_out_of_sync_seconds",
+            "How long this server's gateway membership has differed from what it should be (0 when in sync).",
+            ["server"],
+            registry=reg,
+        )
         build = Gauge(
             _PREFIX + "build_info",
             "Supervisor build metadata (constant 1).",
@@ -244,6 +263,23 @@ class SupervisorMetrics:
             registry=reg,
         ).set(time.time())
         self._servers: set[str] = set()
+
+    def gateway_call(self, op: str, outcome: str) -> None:
+        """One call to the gateway's `/workers` API."""
+        self._gateway_calls.labels(op=_check("op", op, GATEWAY_OPS), outcome=outcome).inc()
+
+    def declare_gateway(self, servers: Iterable[str]) -> None:
+        """Every gateway series at 0 from the start (the membership alert's and the dashboard's series)."""
+        for op in GATEWAY_OPS:
+            for outcome in ("ok", "error"):
+                self._gateway_calls.labels(op=op, outcome=outcome)
+        for server in servers:
+            self.gateway_state(server, False, 0.0)
+
+    def gateway_state(self, server: str, member: bool, out_of_sync_s: float) -> None:
+        """Whether the gateway lists `server`, and for how long that has differed from what it should."""
+        self._gateway_member.labels(server=server).set(1 if member else 0)
+        self._gateway_out_of_sync.labels(server=server).set(round(out_of_sync_s, 1))
 
     def _declare_server(self, server: str) -> None:
         """Create every incident series and every duration histogram of a new server at 0 so rates, alerts and
