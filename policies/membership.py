@@ -53,8 +53,10 @@ class Call:
 def member_of(
     role: str, state: str, proven: bool, engine_paused: bool, adopted_unjudged: bool
 ) -> bool | None:
-    """Whether a server belongs in the gateway now (None: leave it as the gateway has it)."""
-    if role == "router" or adopted_unjudged:
+    """Whether a server belongs in the gateway now (None: leave it as the gateway has it) — None for a router,
+    for a run adopted but not yet judged, and for `stopped` (a daemon starting has judged nothing yet; a stop it
+    made itself left the gateway while `stopping`)."""
+    if role == "router" or adopted_unjudged or state == "stopped":
         return None
     return state == "serving" and proven and not engine_paused
 

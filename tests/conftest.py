@@ -23,6 +23,7 @@ TIERS = (
     "real",
     "wheel",
     "container",
+    "gateway",
     "e2e",
     "real_serving",
     "etcd",

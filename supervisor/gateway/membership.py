@@ -23,6 +23,7 @@ from supervisor.gateway.client import GatewayClient, GatewayError
 from supervisor.reporting.metrics import SupervisorMetrics
 
 PERIOD_S = 10.0
+PENDING_S = 1.0  # an add the gateway refused for now (SMG: 409 while the URL still drains): tried again soon
 log = structlog.get_logger("supervisor.gateway")
 
 
@@ -48,6 +49,7 @@ class Membership:
         self.failures = 0
         self.last_error = ""
         self.reached_at: float | None = None  # wall time of the last answer
+        self.pending = False  # an add was refused for now (a 409 while draining): the next round comes soon
         self._poke = asyncio.Event()
         self._round_done = asyncio.Event()
 
@@ -59,7 +61,7 @@ class Membership:
         """Reconcile until cancelled."""
         while True:
             await self.round()
-            delay = backoff_s(self.failures) if self.failures else PERIOD_S
+            delay = backoff_s(self.failures) if self.failures else PENDING_S if self.pending else PERIOD_S
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), delay)
 
@@ -70,6 +72,7 @@ class Membership:
         try:
             self.listed = await self._listed()
             todo = calls(wants, self.listed)
+            self.pending = False
             for call in todo:
                 await self._apply(
                     call.op, call.server, call.url, call.id, call.worker_type, call.bootstrap_port
@@ -102,6 +105,9 @@ class Membership:
         try:
             if op == "add":
                 member.id = await self.client.add(url, worker_type, bootstrap)
+                if not member.id:  # the gateway has that URL still (SMG: draining for 5 s after a removal)
+                    self.pending = True
+                    return
             else:
                 await self.client.remove(worker_id)
         except GatewayError as exc:

@@ -1,0 +1,157 @@
+"""Two simulated servers under one daemon behind a real gateway, and clients that reach them only through it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.support.daemon import Deployment, checked, q
+from tests.support.gateways import ADMIN_KEY, Gateway, post_chat
+from tests.support.ports import free_port
+
+NAMES = ("a", "b")
+MODEL = "Qwen/Qwen3-8B"
+
+
+@dataclass
+class GatewayDeployment(Deployment):
+    """Servers `a` (GPU 0) and `b` (GPU 1), tp 1 each, one daemon, `[gateway]` pointing at `gateway_url`."""
+
+    gateway_url: str = ""
+    gateway_extra: dict[str, Any] = field(default_factory=dict)
+
+    def write(self) -> None:
+        self.tp, self.model = 1, MODEL
+        self.ports = {name: getattr(self, "ports", {}).get(name) or free_port(3) for name in NAMES}
+        self.port = self.ports["a"]
+        (self.root / "gateway-key").write_text(ADMIN_KEY + "\n")
+        lines = [
+            *self.supervisor_lines(),
+            "[gateway]",
+            f"url = {q(self.gateway_url)}",
+            f"admin_key_file = {q(str(self.root / 'gateway-key'))}",
+            *(f"{k} = {json.dumps(v)}" for k, v in self.gateway_extra.items()),
+        ]
+        for gpu, name in enumerate(NAMES):
+            port = self.ports[name]
+            args = [
+                "--model-path",
+                MODEL,
+                "--enable-metrics",
+                "--port",
+                str(port),
+                "--tool-call-parser",
+                "qwen25",
+            ]
+            args += ["--reasoning-parser", "qwen3", *self.extra_args]
+            lines += [
+                "[[servers]]",
+                f"name = {q(name)}",
+                f"command = {json.dumps([sys.executable, '-m', 'simulator.launch_server'])}",
+                f"args = {json.dumps(args)}",
+                f"gpus = [{gpu}]",
+                f"gpu_device_paths = {json.dumps([str(self.sim / 'dev' / f'nvidia{gpu}')])}",
+                f"ports = [{port + 2}]",
+                "startup_budget_s = 120",
+                "startup_silence_s = 60",
+                "drain_grace_s = 10",
+                "[servers.env]",
+                *(f"{k} = {q(v)}" for k, v in self.sim_env().items()),
+                "[servers.probes]",
+                *(f"{k} = {json.dumps(v)}" for k, v in self.probes.items()),
+            ]
+        self.config_path.write_text("\n".join(lines) + "\n")
+
+    def server_names(self) -> list[str]:
+        return list(NAMES)
+
+    def device_map(self) -> dict[str, list[Path]]:
+        return {name: [self.sim / "dev" / f"nvidia{gpu}"] for gpu, name in enumerate(NAMES)}
+
+    def url_of(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    def named(self, name: str) -> dict[str, Any]:
+        return next(s for s in self.status()["servers"] if s["name"] == name)
+
+    def both_in(self, gateway: Gateway) -> dict[str, str]:
+        """Both servers serving and listed by the gateway (URL → id), else {}."""
+        live = gateway.live()
+        servers = self.servers()
+        ok = all(servers.get(n, {}).get("state") == "serving" and self.url_of(n) in live for n in NAMES)
+        return live if ok else {}
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The daemon's log events called `name`, in order."""
+        lines = (self.root / "daemon.log").read_text(errors="replace").splitlines()
+        found = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if event.get("event") == name:
+                    found.append(event)
+        return found
+
+
+@contextlib.contextmanager
+def gateway_deployment(root: Path, gateway: Gateway, **kw: Any) -> Iterator[GatewayDeployment]:
+    """A started daemon of two servers behind `gateway`, cleaned up with its invariants checked."""
+    dep = GatewayDeployment(root, gateway_url=gateway.url, **kw)
+    with checked(dep):
+        dep.start()
+        yield dep
+
+
+@dataclass
+class Clients:
+    """`n` closed-loop clients through the gateway (every other one streaming), 60 s timeout, bounded count."""
+
+    url: str
+    n: int = 4
+    max_requests: int = 3000
+    results: list[tuple[float, float, str]] = field(default_factory=list)  # (sent, ended, outcome), wall time
+
+    def __post_init__(self) -> None:
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._run, args=(i % 2 == 1,), daemon=True) for i in range(self.n)
+        ]
+
+    def _run(self, stream: bool) -> None:
+        while not self.stop.is_set() and len(self.results) < self.max_requests:
+            sent = time.time()
+            outcome = post_chat(self.url, MODEL, stream)
+            self.results.append((sent, time.time(), outcome))
+            if outcome != "ok":
+                self.stop.wait(0.2)
+
+    def __enter__(self) -> Clients:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=70)
+
+    def failed(self) -> list[tuple[float, float, str]]:
+        return [r for r in self.results if r[2] != "ok"]
+
+    def wait_ok(self, count: int, timeout: float = 60) -> None:
+        """Until `count` more requests have succeeded."""
+        target = len([r for r in self.results if r[2] == "ok"]) + count
+        deadline = time.monotonic() + timeout
+        while len([r for r in self.results if r[2] == "ok"]) < target:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"fewer than {count} requests served in {timeout} s: {self.results[-5:]}"
+                )
+            time.sleep(0.1)
