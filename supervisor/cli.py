@@ -172,6 +172,7 @@ def cmd_check(path: Path, manifest: Path | None = None) -> int:
     from supervisor.config.manifest import ManifestError, check_manifest
     from supervisor.config.prepare import prepare
     from supervisor.config.stopbudget import advice, stop_budget
+    from supervisor.gateway.check import gateway_warnings
     from supervisor.redaction import secret_file_warnings
 
     try:
@@ -185,7 +186,8 @@ def cmd_check(path: Path, manifest: Path | None = None) -> int:
     except ManifestError as exc:
         print(f"check-config: {exc}", file=sys.stderr)
         return 1
-    for warning in [*secret_file_warnings(cfg), *parser_warnings(cfg), *([budget] if short else []), *pod]:
+    found = [*secret_file_warnings(cfg), *parser_warnings(cfg), *([budget] if short else []), *pod]
+    for warning in [*found, *gateway_warnings(cfg)]:
         print(f"warning: {warning}", file=sys.stderr)
     problems = check_target_flags(cfg)
     if problems:

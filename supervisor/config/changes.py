@@ -53,8 +53,7 @@ def restart_needed(old: Config, new: Config) -> list[str]:
     for i, server in enumerate(new.servers):
         if server.name in names_old:
             paths += _fixed(f"servers[{i}]", old.server(server.name), server, LIVE_SERVER)
-    if old.group != new.group:
-        paths.append("group")
+    paths += [k for k in ("group", "gateway") if getattr(old, k) != getattr(new, k)]
     return paths
 
 
@@ -77,5 +76,5 @@ def changed_sections(old: Config, new: Config) -> list[str]:
         for i, server in enumerate(new.servers)
         if server.name not in names_old or old.server(server.name) != server
     ]
-    out += [k for k in ("alerts", "group") if getattr(old, k) != getattr(new, k)]
+    out += [k for k in ("alerts", "group", "gateway") if getattr(old, k) != getattr(new, k)]
     return out

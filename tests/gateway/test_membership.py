@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -148,3 +150,22 @@ def test_check_config_refuses_a_loopback_worker_behind_a_remote_gateway(tmp_path
     with pytest.raises(ConfigError) as info:
         load_config(dep.config_path, env={})
     assert "servers[0].advertise_url" in info.value.format_errors()
+
+
+def test_check_config_says_when_the_gateway_refuses_the_key_or_is_not_a_gateway(tmp_path: Path) -> None:
+    """check-config asks the gateway once: a wrong admin key (401), a URL that is no gateway; still exit 0."""
+    for sub in ("k", "n"):
+        (tmp_path / sub).mkdir()
+    with running_gateway("smg", tmp_path) as gw:
+        dep = GatewayDeployment(tmp_path / "k", gateway_url=gw.url)
+        (dep.root / "gateway-key").write_text("not-the-key\n")
+        wrong = check_config(dep.config_path)
+        assert wrong.returncode == 0 and "HTTP 401" in wrong.stderr and "admin_key_file" in wrong.stderr
+        other = GatewayDeployment(tmp_path / "n", gateway_url=f"http://127.0.0.1:{gw.prometheus_port}")
+        notgw = check_config(other.config_path)
+        assert notgw.returncode == 0 and "not a gateway's worker list" in notgw.stderr, notgw.stderr
+
+
+def check_config(path: Path) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "supervisor.cli", "check-config", "--config", str(path)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)

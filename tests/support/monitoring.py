@@ -23,6 +23,7 @@ EXPECTED_ALERTS = {
     "SglangWedgeDetected",
     "SglangParserMisconfigured",
     "SglangServerDegraded",
+    "SglangGatewayMembershipStale",
     "SglangGpuFault",
     "SglangCanaryUnproven",
     "SglangSupervisorStateUnwritable",

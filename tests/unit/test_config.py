@@ -36,12 +36,15 @@ def write(tmp_path: Path, args: str = '"--model-path", "Qwen/Qwen3-8B"', extra: 
     return path
 
 
-@pytest.mark.parametrize("name", ["kimi-k25-8gpu", "pd-1p1d", "simulator", "container"])
+@pytest.mark.parametrize("name", ["kimi-k25-8gpu", "pd-1p1d", "simulator", "container", "gateway-2replicas"])
 def test_examples_load(name: str, tmp_path: Path) -> None:
-    """Every shipped example is a valid configuration (the container's with its token file where it mounts)."""
+    """Every shipped example is a valid configuration (the container's with its token file where it mounts, the
+    gateway's with its key file)."""
     token = tmp_path / "token"
     token.write_text("t\n")
     env = {**SECRETS, "SGLSUP_SUPERVISOR__HTTP__TOKEN_FILE": str(token)} if name == "container" else SECRETS
+    if name == "gateway-2replicas":
+        env = {**SECRETS, "SGLSUP_GATEWAY__ADMIN_KEY_FILE": str(token)}
     config = load_config(ROOT / "examples" / f"{name}.toml", env=env)
     assert config.servers
 
