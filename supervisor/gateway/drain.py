@@ -8,6 +8,7 @@ generation endpoints, live), else its running and queued gauges. Every wait is b
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,8 @@ from policies.pd import Role
 from probes.progress import GENERATION_ENDPOINTS, scrape_metrics
 
 if TYPE_CHECKING:
+    from supervisor.gateway.membership import Membership
+    from supervisor.loop.commands import Command
     from supervisor.loop.context import Loop
 
 POLL_S = 0.5
@@ -56,8 +59,9 @@ async def leave_for_planned_stop(loop: Loop, api_key: str | None) -> str:
 
 
 async def wait_for_others(loop: Loop) -> tuple[bool, str]:
-    """Before a planned stop: wait (bounded by `[gateway] wait_available_s`) while the gateway would be left with
-    fewer than `min_available` other ready workers of the model; (go ahead, why)."""
+    """Before a planned restart: out of the gateway only while `min_available` other ready workers of the model
+    stay in it — checked before leaving and again after (a peer daemon may have left at the same moment: then
+    back in, and tried again after a random pause). Bounded by `[gateway] wait_available_s`; (go ahead, why)."""
     gateway, cfg = loop.svc.gateway, loop.svc.config.gateway
     if gateway is None or cfg is None or cfg.min_available == 0 or loop.cfg.role is Role.ROUTER:
         return True, ""
@@ -65,11 +69,68 @@ async def wait_for_others(loop: Loop) -> tuple[bool, str]:
     model = loop.cfg.arg("--served-model-name") or loop.cfg.model_path or ""
     deadline = time.monotonic() + cfg.wait_available_s
     while True:
-        loop.beat()
-        available = await gateway.available_besides(model, own)
-        ok, why = may_stop(available if available is not None else 0, cfg.min_available)
-        if available is None:
-            why = f"the gateway did not answer ({gateway.last_error}); " + why
-        if ok or time.monotonic() >= deadline:
-            return ok, why
-        await asyncio.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
+        ok, why = await _count(gateway, model, own, cfg.min_available)
+        if ok:
+            await gateway.leave(loop.name, cfg.timeout_s * 3)
+            ok, why = await _count(gateway, model, own, cfg.min_available)
+            if ok:
+                return True, why
+            gateway.rejoin(loop.name)
+        if time.monotonic() >= deadline:
+            return False, why
+        await asyncio.sleep(min(random.uniform(1.0, 3.0), max(0.1, deadline - time.monotonic())))
+
+
+class RestartGate:
+    """A planned restart behind a gateway with `min_available`: `wait_for_others` runs as a task while the watch
+    goes on (a fault decided meanwhile wins and refuses the restart); one restart waits at a time."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self.task: asyncio.Task[tuple[bool, str]] | None = None
+        self.cmd: Command | None = None
+
+    def needed(self) -> bool:
+        """Whether a restart of this server must wait for the gateway's other workers."""
+        cfg = self.loop.svc.config.gateway
+        return cfg is not None and cfg.min_available > 0 and self.loop.cfg.role is not Role.ROUTER
+
+    def start(self, cmd: Command) -> None:
+        """Begin waiting for `cmd`'s turn (a second restart meanwhile is refused)."""
+        if self.task is not None:
+            cmd.answer("refused: a restart of this server already waits for min_available")
+            return
+        self.cmd, self.task = cmd, asyncio.ensure_future(wait_for_others(self.loop))
+
+    def ready(self) -> Command | None:
+        """The restart whose turn has come (the server out of the gateway), else None; a wait that ran out is
+        refused with the count."""
+        if self.task is None or not self.task.done() or self.cmd is None:
+            return None
+        cmd, task = self.cmd, self.task
+        self.cmd = self.task = None
+        ok, why = task.result() if not task.cancelled() else (False, "cancelled")
+        if ok:
+            return cmd
+        self.loop.log.warning("gateway.restart_refused", reason=why, actor=cmd.actor)
+        cmd.answer(f"refused: {why}")
+        return None
+
+    def cancel(self, why: str) -> None:
+        """The watch ends another way (a fault, a stop): the waiting restart is refused, the server rejoins."""
+        if self.task is None or self.cmd is None:
+            return
+        self.task.cancel()
+        if self.loop.svc.gateway is not None:
+            self.loop.svc.gateway.rejoin(self.loop.name)
+        self.loop.log.warning("gateway.restart_refused", reason=why, actor=self.cmd.actor)
+        self.cmd.answer(f"refused: {why}")
+        self.cmd = self.task = None
+
+
+async def _count(gateway: Membership, model: str, own: list[str], min_available: int) -> tuple[bool, str]:
+    available = await gateway.available_besides(model, own)
+    ok, why = may_stop(available if available is not None else 0, min_available)
+    if available is None:
+        why = f"the gateway did not answer ({gateway.last_error}); " + why
+    return ok and available is not None, why

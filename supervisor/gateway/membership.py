@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -50,6 +50,7 @@ class Membership:
         self.last_error = ""
         self.reached_at: float | None = None  # wall time of the last answer
         self.pending = False  # an add was refused for now (a 409 while draining): the next round comes soon
+        self.held: set[str] = set()  # servers kept out ahead of a planned stop, whatever their state
         self._poke = asyncio.Event()
         self._round_done = asyncio.Event()
 
@@ -68,7 +69,7 @@ class Membership:
     async def round(self) -> None:
         """One reconciliation: list, then add and remove what differs; errors are kept, never raised."""
         self._poke.clear()
-        wants = self.wants()
+        wants = self.current_wants()
         try:
             self.listed = await self._listed()
             todo = calls(wants, self.listed)
@@ -136,8 +137,18 @@ class Membership:
             lag = now - member.out_of_sync_since if member.out_of_sync_since is not None else 0.0
             self.metrics.gateway_state(want.server, listed, lag)
 
+    def current_wants(self) -> list[Want]:
+        """What each server wants, with the servers held out for a planned stop out."""
+        return [replace(w, member=False) if w.server in self.held else w for w in self.wants()]
+
+    def rejoin(self, server: str) -> None:
+        """End a hold: the server's state decides its membership again."""
+        self.held.discard(server)
+        self.poke()
+
     async def leave(self, server: str, timeout_s: float) -> bool:
-        """Poke and wait (at most `timeout_s`) until the gateway no longer lists `server`."""
+        """Hold `server` out, poke, and wait (at most `timeout_s`) until the gateway no longer lists it."""
+        self.held.add(server)
         url = next((w.url for w in self.wants() if w.server == server), "")
         deadline = time.monotonic() + timeout_s
         while True:

@@ -201,6 +201,8 @@ async def planned_restart(loop: Loop, cmd: Command) -> None:
     loop.operator_entry(cmd.kind, cmd)
     loop.owner.transition(S.STOPPING, f"restart requested by {cmd.actor}: {cmd.reason}")
     await _leave_gateway(loop)
+    if loop.svc.gateway is not None:  # out while stopping by its state from here on; proven again to rejoin
+        loop.svc.gateway.rejoin(loop.name)
     report = await release_run(loop, mode="drain")
     cmd.answer("restarted" if report.ok else f"release failed: {report.reason}")
     if not report.ok:

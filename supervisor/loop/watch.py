@@ -22,7 +22,7 @@ from policies.model import (
 from policies.pd import Role
 from policies.states import ServerState
 from policies.triage import ServerFacts, TreeFacts, promotion, quiet, triage
-from supervisor.gateway.drain import wait_for_others
+from supervisor.gateway.drain import RestartGate
 from supervisor.host import proctree
 from supervisor.loop.commands import Command, Outcome
 from supervisor.loop.host import MonitorSpec, ProbeMonitor
@@ -87,6 +87,7 @@ class Watch:
         self.waiting_for = ""
         self.settings = ProbeSettings()  # this launch's, from the config (a reload replaces them)
         self._titles: list[str] | None = None
+        self.gate = RestartGate(loop)  # a planned restart waiting for the gateway's min_available
         self.xids_seen: set[tuple[int, int, float]] = set()  # reported once per server, not once per launch
 
     # ---- what the host shows, for the monitor's readers
@@ -192,17 +193,23 @@ class Watch:
         while True:
             loop.beat()
             while (cmd := loop.next_command()) is not None:
-                if cmd.kind == "restart" and not await self._others_left(cmd):
+                if cmd.kind == "restart" and self.gate.needed():
+                    self.gate.start(cmd)  # it waits for min_available while the watch goes on
                     continue
                 paused = loop.owner.paused
                 kind = loop.handle_command(cmd)
                 if kind in ("restart", "stop"):
+                    self.gate.cancel("the server is stopping")
                     return Outcome(command=cmd if kind == "restart" else None)
                 if paused and not loop.owner.paused:
                     self.resumed, self.paused_fault = True, ""
                     self.resumed_at = loop.clock.monotonic()
+            if (turn := self.gate.ready()) is not None:
+                loop.handle_command(turn)
+                return Outcome(command=turn)
             outcome = await self.tick(run)
             if outcome is not None:
+                self.gate.cancel("a fault was decided first")
                 return outcome
             # asleep until a process of the tree exits, a probe finishes or one is due (at most tick_s)
             pids = [run.pid, *self.rank_pids()]
@@ -210,15 +217,6 @@ class Watch:
                 loop.svc.config.supervisor.tick_s, max(0.0, self.monitor.next_due() - clock.monotonic())
             )
             await loop.svc.host.wait_exit(pids, due, clock, self.monitor.ready)
-
-    async def _others_left(self, cmd: Command) -> bool:
-        """A planned restart behind a gateway waits while it would leave fewer than `min_available` other ready
-        workers of the model (bounded), then is refused with the count; the server keeps serving."""
-        ok, why = await wait_for_others(self.loop)
-        if not ok:
-            self.loop.log.warning("gateway.restart_refused", reason=why, actor=cmd.actor)
-            cmd.answer(f"refused: {why}")
-        return ok
 
     async def tick(self, run: Any) -> Outcome | None:
         """One observe → triage → act step."""

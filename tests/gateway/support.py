@@ -26,38 +26,49 @@ class GatewayDeployment(Deployment):
 
     gateway_url: str = ""
     gateway_extra: dict[str, Any] = field(default_factory=dict)
+    names: tuple[str, ...] = (
+        NAMES  # this daemon's servers; the first is "a" of the tests (its tp, args, policy)
+    )
+    a_tp: int = 1  # server a's tp size (a TP desync needs 2)
+    a_args: list[str] = field(default_factory=list)  # server a's args in place of the family's parsers
+    drives_gateway: bool = True  # False: no [gateway] (the gateway knows the workers by itself)
 
     def write(self) -> None:
         self.tp, self.model = 1, MODEL
-        self.ports = {name: getattr(self, "ports", {}).get(name) or free_port(3) for name in NAMES}
-        self.port = self.ports["a"]
+        self.ports = {name: getattr(self, "ports", {}).get(name) or free_port(3) for name in self.names}
+        self.port = self.ports[self.names[0]]
         (self.root / "gateway-key").write_text(ADMIN_KEY + "\n")
-        lines = [
-            *self.supervisor_lines(),
-            "[gateway]",
-            f"url = {q(self.gateway_url)}",
-            f"admin_key_file = {q(str(self.root / 'gateway-key'))}",
-            *(f"{k} = {json.dumps(v)}" for k, v in self.gateway_extra.items()),
-        ]
-        for gpu, name in enumerate(NAMES):
-            port = self.ports[name]
+        lines = self.supervisor_lines()
+        if self.drives_gateway:
+            lines += [
+                "[gateway]",
+                f"url = {q(self.gateway_url)}",
+                f"admin_key_file = {q(str(self.root / 'gateway-key'))}",
+                *(f"{k} = {json.dumps(v)}" for k, v in self.gateway_extra.items()),
+            ]
+        for name in self.names:
+            port, gpus = self.ports[name], self.gpus_of(name)
+            parsers = ["--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3"]
             args = [
                 "--model-path",
                 MODEL,
                 "--enable-metrics",
                 "--port",
                 str(port),
-                "--tool-call-parser",
-                "qwen25",
+                "--base-gpu-id",
+                str(gpus[0]),
             ]
-            args += ["--reasoning-parser", "qwen3", *self.extra_args]
+            args += (
+                [*(self.a_args or parsers), "--tp-size", str(self.a_tp)] if name == self.names[0] else parsers
+            )
+            args += self.extra_args
             lines += [
                 "[[servers]]",
                 f"name = {q(name)}",
                 f"command = {json.dumps([sys.executable, '-m', 'simulator.launch_server'])}",
                 f"args = {json.dumps(args)}",
-                f"gpus = [{gpu}]",
-                f"gpu_device_paths = {json.dumps([str(self.sim / 'dev' / f'nvidia{gpu}')])}",
+                f"gpus = {gpus}",
+                f"gpu_device_paths = {json.dumps([str(self.sim / 'dev' / f'nvidia{g}') for g in gpus])}",
                 f"ports = [{port + 2}]",
                 "startup_budget_s = 120",
                 "startup_silence_s = 60",
@@ -66,14 +77,23 @@ class GatewayDeployment(Deployment):
                 *(f"{k} = {q(v)}" for k, v in self.sim_env().items()),
                 "[servers.probes]",
                 *(f"{k} = {json.dumps(v)}" for k, v in self.probes.items()),
+                "[servers.policy]",
+                *(
+                    f"{k} = {json.dumps(v)}"
+                    for k, v in (self.policy if name == self.names[0] else {}).items()
+                ),
             ]
         self.config_path.write_text("\n".join(lines) + "\n")
 
+    def gpus_of(self, name: str) -> list[int]:
+        index = self.names.index(name)
+        return list(range(self.a_tp)) if index == 0 else [self.a_tp + index - 1]
+
     def server_names(self) -> list[str]:
-        return list(NAMES)
+        return list(self.names)
 
     def device_map(self) -> dict[str, list[Path]]:
-        return {name: [self.sim / "dev" / f"nvidia{gpu}"] for gpu, name in enumerate(NAMES)}
+        return {name: [self.sim / "dev" / f"nvidia{g}" for g in self.gpus_of(name)] for name in self.names}
 
     def url_of(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
@@ -85,7 +105,7 @@ class GatewayDeployment(Deployment):
         """Both servers serving and listed by the gateway (URL → id), else {}."""
         live = gateway.live()
         servers = self.servers()
-        ok = all(servers.get(n, {}).get("state") == "serving" and self.url_of(n) in live for n in NAMES)
+        ok = all(servers.get(n, {}).get("state") == "serving" and self.url_of(n) in live for n in self.names)
         return live if ok else {}
 
     def events(self, name: str) -> list[dict[str, Any]]:
