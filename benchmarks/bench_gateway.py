@@ -1,7 +1,8 @@
 """A wedge behind SGLang's gateway, four ways side by side: figures, no asserts.
 
 The real SMG 1.13.0 (round robin) in front of two simulated servers under one daemon (`a` tp 2, `b` tp 1;
-`stall_after_s = 4`), 4 clients through the gateway (every other one streaming, 60 s timeout like real clients).
+`stall_after_s = 4`), clients through the gateway at 8 requests a second whatever the answers (open loop, every
+other one streaming, 60 s timeout like real clients).
 `a` runs into a TP desync (`overlap_tp_desync_hang`: `/health` stays 200 on its busy path); the supervisor
 detects it, kills `a` and relaunches it with `--disable-overlap-schedule`. What changes is how the gateway learns:
 
@@ -13,9 +14,10 @@ detects it, kills `a` and relaunches it with `--disable-overlap-schedule`. What 
 - `supervisor`: `[gateway]`: the supervisor adds and removes the workers itself.
 
 Per configuration: failed client requests (and of them, those sent after the supervisor's detection), the
-seconds from the detection to the last request the gateway sent to the wedged `a` (out of rotation), and from the
-relaunch's proof (`serving`) to the first request it got (back in rotation; negative: before it was proven).
-Requests reaching `a` are counted by the simulator itself (`/sim/state`, sampled every 0.1 s).
+seconds from the detection to the last request the gateway sent to `a`'s old tree (out of rotation; the wedged
+tree, then its dead port until it is relaunched), and from the relaunch's proof (`serving`) to the first request
+the gateway sent it (back in rotation; negative: before it was proven), from SMG's own per-worker counter
+(`smg_worker_requests_total`, sampled every 0.1 s).
 
 Run: ``.venv/bin/python -m benchmarks.bench_gateway [--runs 3] [--configs supervisor smg-tuned]`` (about a minute
 a run).
@@ -23,17 +25,15 @@ a run).
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import parser, say, write_result
-from tests.gateway.support import Clients, GatewayDeployment
+from tests.gateway.support import Clients, Dispatches, GatewayDeployment, ts
 from tests.support.daemon import checked
 from tests.support.gateways import Gateway
 from tests.support.http import http
@@ -51,33 +51,7 @@ TUNED = [
     "1",
 ]
 TUNED += ["--health-check-timeout-secs", "3"]
-CHAT = "/v1/chat/completions"
 AFTER_S = 15.0  # traffic kept up after the relaunch is proven
-
-
-class Arrivals:
-    """When requests reached server `a`, per launch (its main PID): sampled from the simulator's own count."""
-
-    def __init__(self, dep: GatewayDeployment) -> None:
-        self.dep = dep
-        self.times: dict[int, list[float]] = {}  # main pid -> wall times of its count's increases
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        last: dict[int, int] = {}
-        while not self.stop.wait(0.1):
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                state = http(self.dep.url_of("a") + "/sim/state", timeout=1.0).json()
-                pid, count = int(state["pid"]), int(state["requests_by_endpoint"].get(CHAT, 0))
-                if count > last.get(pid, 0):
-                    self.times.setdefault(pid, []).append(time.time())
-                last[pid] = count
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
 
 
 def _haproxy(dep: GatewayDeployment, root: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
@@ -139,23 +113,25 @@ def run_one(config: str, root: Path) -> dict[str, Any]:
                 gateway.start()
             wait_for(lambda: len(gateway.live()) == 2, 60, "both workers in the gateway", interval=0.2)
             old = dep.named("a")["pid"]
-            arrivals = Arrivals(dep)
-            with Clients(gateway.url) as clients:
+            dispatches = Dispatches(gateway)
+            with Clients(gateway.url, rate=8.0) as clients:
                 clients.wait_ok(20)
                 fault_at = time.time()
-                http(
-                    dep.url_of("a") + "/sim/fault",
-                    "POST",
-                    {"name": "overlap_tp_desync_hang", "after_requests": 1},
-                )
+                wedge = {"name": "overlap_tp_desync_hang", "after_requests": 1}
+                http(dep.url_of("a") + "/sim/fault", "POST", wedge)
                 again = dep.wait_all(
                     lambda s: s["a"]["state"] == "serving" and s["a"]["pid"] != old, 180, "a relaunched"
                 )
                 proven = again["a"]["since"]
-                new = again["a"]["pid"]
-                wait_for(lambda: arrivals.times.get(new), 90, "a request to the relaunch", interval=0.2)
+                killed = max(ts(e) for e in dep.events("recovery.release") if e.get("server") == "a")
+                wait_for(
+                    lambda: dispatches.between(dep.url_of("a"), killed, time.time()),
+                    90,
+                    "a request to the relaunch",
+                    interval=0.2,
+                )
                 time.sleep(AFTER_S)
-            arrivals.close()
+            dispatches.close()
         finally:
             gateway.stop()
             if haproxy is not None:
@@ -163,14 +139,17 @@ def run_one(config: str, root: Path) -> dict[str, Any]:
                 haproxy.wait(timeout=10)
     detected = float(again["a"]["last_incident"]["detected_at"])
     failed = clients.failed()
-    to_old = arrivals.times.get(old, [])
+    to_old = dispatches.between(dep.url_of("a"), detected, killed)
     return {
         "requests": len(clients.results),
         "failed": len(failed),
         "failed_sent_after_detection": len([r for r in failed if r[0] > detected]),
         "detection_s": round(detected - fault_at, 2),
-        "out_of_rotation_after_detection_s": round(max(to_old) - detected, 2) if to_old else None,
-        "back_after_proof_s": round(min(arrivals.times[new]) - proven, 2),
+        "out_of_rotation_after_detection_s": round(max(to_old) - detected, 2) if to_old else 0.0,
+        "sent_to_old_after_detection": len(to_old),
+        "back_after_proof_s": round(
+            min(dispatches.between(dep.url_of("a"), killed, time.time())) - proven, 2
+        ),
         "added_latency_p50_s": round(
             statistics.median([r[1] - r[0] for r in clients.results if r[2] == "ok"]), 3
         ),
@@ -192,6 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     keys = (
         "failed",
         "failed_sent_after_detection",
+        "sent_to_old_after_detection",
         "detection_s",
         "out_of_rotation_after_detection_s",
         "back_after_proof_s",

@@ -9,11 +9,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from tests.support.daemon import Deployment, checked, q
 from tests.support.gateways import ADMIN_KEY, Gateway, post_chat
+from tests.support.http import http
 from tests.support.ports import free_port
 
 NAMES = ("a", "b")
@@ -120,6 +122,15 @@ class GatewayDeployment(Deployment):
         return found
 
 
+def ts(event: dict[str, Any]) -> float:
+    """An event's wall time (its ISO timestamp) in Unix seconds."""
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def for_server(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("server") == name]
+
+
 @contextlib.contextmanager
 def gateway_deployment(root: Path, gateway: Gateway, **kw: Any) -> Iterator[GatewayDeployment]:
     """A started daemon of two servers behind `gateway`, cleaned up with its invariants checked."""
@@ -136,18 +147,32 @@ class Clients:
     url: str
     n: int = 4
     max_requests: int = 3000
+    model: str = MODEL
+    rate: float = 0.0  # > 0: open loop, a new request every 1/rate s whatever the others do (real traffic)
     results: list[tuple[float, float, str]] = field(default_factory=list)  # (sent, ended, outcome), wall time
 
     def __post_init__(self) -> None:
         self.stop = threading.Event()
-        self.threads = [
-            threading.Thread(target=self._run, args=(i % 2 == 1,), daemon=True) for i in range(self.n)
-        ]
+        loop = self._open if self.rate > 0 else self._run
+        self.threads = [threading.Thread(target=loop, args=(i % 2 == 1,), daemon=True) for i in range(self.n)]
+        self.sent: list[threading.Thread] = []
+
+    def _one(self, stream: bool) -> None:
+        sent = time.time()
+        outcome = post_chat(self.url, self.model, stream)
+        self.results.append((sent, time.time(), outcome))
+
+    def _open(self, stream: bool) -> None:
+        """One open-loop sender: its share of `rate`, each request on a thread of its own."""
+        while not self.stop.wait(self.n / self.rate) and len(self.sent) < self.max_requests:
+            thread = threading.Thread(target=self._one, args=(stream,), daemon=True)
+            self.sent.append(thread)
+            thread.start()
 
     def _run(self, stream: bool) -> None:
         while not self.stop.is_set() and len(self.results) < self.max_requests:
             sent = time.time()
-            outcome = post_chat(self.url, MODEL, stream)
+            outcome = post_chat(self.url, self.model, stream)
             self.results.append((sent, time.time(), outcome))
             if outcome != "ok":
                 self.stop.wait(0.2)
@@ -159,7 +184,7 @@ class Clients:
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
-        for thread in self.threads:
+        for thread in [*self.threads, *self.sent]:
             thread.join(timeout=70)
 
     def failed(self) -> list[tuple[float, float, str]]:
@@ -175,3 +200,38 @@ class Clients:
                     f"fewer than {count} requests served in {timeout} s: {self.results[-5:]}"
                 )
             time.sleep(0.1)
+
+
+class Dispatches:
+    """When the gateway sent requests to each worker URL: SMG's own per-worker counter
+    (`smg_worker_requests_total{worker=URL}`, on its Prometheus port), sampled every 0.1 s. A removed worker's
+    series vanishes and a re-added one starts again at 0: every rise counts, none is lost to a reset."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.url = f"http://127.0.0.1:{gateway.prometheus_port}/metrics"
+        self.times: dict[str, list[float]] = {}  # worker URL -> wall times its count rose
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        last: dict[str, float] = {}
+        while not self.stop.wait(0.1):
+            with contextlib.suppress(OSError, ValueError):
+                now, seen = time.time(), {}
+                for line in http(self.url, timeout=1.0).body.decode().splitlines():
+                    if line.startswith("smg_worker_requests_total{") and 'worker="' in line:
+                        worker = line.split('worker="', 1)[1].split('"', 1)[0]
+                        seen[worker] = float(line.rsplit(" ", 1)[1])
+                for worker, count in seen.items():
+                    if count > last.get(worker, 0.0):
+                        self.times.setdefault(worker, []).append(now)
+                last = seen
+
+    def between(self, url: str, start: float, end: float) -> list[float]:
+        """When the gateway sent `url` requests within [start, end] (wall time)."""
+        return [t for t in self.times.get(url, []) if start <= t <= end]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)

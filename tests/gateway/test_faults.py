@@ -12,8 +12,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.gateway.support import Clients, gateway_deployment
-from tests.gateway.test_membership import FAST, for_server, ts
+from tests.gateway.support import Clients, Dispatches, for_server, gateway_deployment, ts
+from tests.gateway.test_membership import FAST
 from tests.support.gateways import running_gateway
 from tests.support.http import http
 from tests.support.wait import wait_for
@@ -47,7 +47,8 @@ def test_an_unplanned_fault_takes_the_server_out_before_its_kill(tmp_path: Path,
     with running_gateway("smg", tmp_path) as gw, gateway_deployment(tmp_path, gw, env=FAST, a_tp=tp) as dep:
         first = wait_for(lambda: dep.both_in(gw), 120, "both servers serving and in the gateway")
         a = dep.named("a")
-        with Clients(gw.url) as clients:
+        dispatches = Dispatches(gw)
+        with Clients(gw.url, rate=8.0) as clients:
             clients.wait_ok(10)
             cause(dep, how, a["pid"])
             again = dep.wait_all(
@@ -55,6 +56,7 @@ def test_an_unplanned_fault_takes_the_server_out_before_its_kill(tmp_path: Path,
             )
             wait_for(lambda: dep.both_in(gw), 60, "a back in the gateway")
             clients.wait_ok(10)
+        dispatches.close()
         incident = again["a"]["last_incident"]
         assert incident["fault"] in kinds, incident
         removed = for_server(dep.events("gateway.removed"), "a")
@@ -63,6 +65,9 @@ def test_an_unplanned_fault_takes_the_server_out_before_its_kill(tmp_path: Path,
         assert removed and ts(removed[0]) < ts(released[0]), "out of rotation before the kill"
         assert ts(added[-1]) >= again["a"]["since"] and added[-1]["worker_id"] != first[dep.url_of("a")]
         assert [r for r in clients.failed() if r[0] > ts(removed[0])] == [], clients.failed()
+        # SMG's own per-worker count (sampled every 0.1 s): nothing sent to `a` from its removal to its
+        # relaunch's proof (the wedged tree, its dead port, the unproven relaunch)
+        assert dispatches.between(dep.url_of("a"), ts(removed[0]) + 0.3, again["a"]["since"]) == []
 
 
 def test_a_server_whose_canary_never_passes_is_never_added(tmp_path: Path) -> None:
@@ -81,3 +86,25 @@ def test_a_server_whose_canary_never_passes_is_never_added(tmp_path: Path) -> No
             clients.wait_ok(10)
         assert dep.url_of("a") not in gw.live() and dep.events("gateway.added") and clients.failed() == []
         assert {e["server"] for e in dep.events("gateway.added")} == {"b"}
+
+
+def test_a_server_that_leaks_under_concurrent_streaming_is_out_while_degraded(tmp_path: Path) -> None:
+    """Markup leaking only under concurrent streams (alert-only, the server stays up): `degraded` takes `a` out
+    of the gateway with no restart, `b` serves every client meanwhile."""
+    probes = {"stream_canary_first_s": 15, "stream_canary_period_s": 600}  # armed before it runs
+    with (
+        running_gateway("smg", tmp_path) as gw,
+        gateway_deployment(tmp_path, gw, env=FAST, probes=probes) as dep,
+    ):
+        wait_for(lambda: dep.both_in(gw), 120, "both servers serving and in the gateway")
+        a = dep.named("a")
+        leak = {"name": "tool_markup_leak_under_load", "concurrency_ge": 8}
+        assert http(dep.url_of("a") + "/sim/fault", "POST", leak).status == 200
+        with Clients(gw.url, n=2, max_requests=200) as clients:
+            degraded = dep.wait_all(
+                lambda s: s["a"]["state"] == "degraded", 120, "a degraded by the load canary"
+            )
+            wait_for(lambda: dep.url_of("a") not in gw.live(), 30, "a out of the gateway")
+            clients.wait_ok(10)
+        assert degraded["a"]["pid"] == a["pid"] and degraded["a"]["last_incident"]["fault"] == "stream_leak"
+        assert clients.failed() == [], clients.failed()

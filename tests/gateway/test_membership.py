@@ -9,15 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
 from supervisor.config import ConfigError, load_config
-from tests.gateway.support import NAMES, Clients, GatewayDeployment, gateway_deployment
+from tests.gateway.support import NAMES, Clients, GatewayDeployment, for_server, gateway_deployment, ts
 from tests.support.gateways import KINDS, Gateway, running_gateway
 from tests.support.wait import wait_for
 
@@ -30,15 +28,6 @@ def schedulers(main_pid: int) -> list[psutil.Process]:
         for p in psutil.Process(main_pid).children(recursive=True)
         if "sglang::scheduler" in " ".join(p.cmdline())
     ]
-
-
-def ts(event: dict[str, Any]) -> float:
-    """An event's wall time (its ISO timestamp) in Unix seconds."""
-    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
-
-
-def for_server(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [e for e in events if e.get("server") == name]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -58,7 +47,7 @@ def test_a_wedged_server_leaves_at_detection_and_returns_only_once_its_relaunch_
             again = dep.wait_all(
                 lambda s: s["a"]["state"] == "serving" and s["a"]["pid"] != a["pid"], 120, "a relaunched"
             )
-            back = wait_for(lambda: dep.url_of("a") in gw.live() and gw.live(), 60, "a back in the gateway")
+            back = wait_for(lambda: dep.both_in(gw), 60, "a back in the gateway")
             clients.wait_ok(20)
         incident = again["a"]["last_incident"]
         assert incident["fault"] in ("collective_hang", "decode_wedge", "health_unresponsive"), incident

@@ -9,8 +9,8 @@ import signal
 import threading
 from pathlib import Path
 
-from tests.gateway.support import Clients, GatewayDeployment, gateway_deployment
-from tests.gateway.test_membership import FAST, for_server
+from tests.gateway.support import Clients, GatewayDeployment, for_server, gateway_deployment
+from tests.gateway.test_membership import FAST
 from tests.support.daemon import checked
 from tests.support.gateways import running_gateway
 from tests.support.wait import wait_for

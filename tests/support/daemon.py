@@ -327,10 +327,12 @@ class Traffic:
 
 @dataclass
 class PdDeployment(Deployment):
-    """A prefill (GPU 0), a decode (GPU 1) and a PD router on one simulated host."""
+    """A prefill (GPU 0), a decode (GPU 1) and a PD router on one simulated host (or, with `gateway_lines`, a
+    `[gateway]` in the router's place: SGLang's gateway in PD mode, not supervised)."""
 
     prefill_env: dict[str, str] = field(default_factory=dict)
     decode_env: dict[str, str] = field(default_factory=dict)
+    gateway_lines: list[str] = field(default_factory=list)
 
     def write(self) -> None:
         self.tp = 1
@@ -353,8 +355,10 @@ class PdDeployment(Deployment):
               f"http://127.0.0.1:{self.decode_port}", "--host", "127.0.0.1", "--port", str(self.router_port)],
              [], {"SGLANG_SIM_STATE_DIR": str(self.sim)}, []),
         ]  # fmt: skip
-        lines = self.supervisor_lines()
+        lines = [*self.supervisor_lines(), *self.gateway_lines]
         for name, role, command, args, gpus, senv, ports in servers:
+            if role == "router" and self.gateway_lines:
+                continue
             lines += [
                 "[[servers]]",
                 f"name = {q(name)}",
@@ -375,7 +379,7 @@ class PdDeployment(Deployment):
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def server_names(self) -> list[str]:
-        return ["prefill", "decode", "router"]
+        return ["prefill", "decode"] if self.gateway_lines else ["prefill", "decode", "router"]
 
     def device_map(self) -> dict[str, list[Path]]:
         return {name: [self.sim / "dev" / f"nvidia{g}"] for g, name in enumerate(("prefill", "decode"))}
