@@ -15,13 +15,14 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from tests.support.daemon import Deployment, checked, q, toml_value
+from tests.support.gateways import Gateway
 from tests.support.real_sglang import RealSglangError, cache_root
 from tests.support.wait import wait_for
 
@@ -84,6 +85,8 @@ class RealDeployment(Deployment):
     model_name: str = SCRIPTED
     name: str = "real"
     tuned_probes: bool = True  # False: the product's default probe settings (only `probes` overrides them)
+    gateway_lines: list[str] = field(default_factory=list)  # a `[gateway]` table (SGLang's gateway in front)
+    gateway: Gateway | None = None  # that gateway, when the test started one
 
     @property
     def model_dir(self) -> Path:
@@ -112,6 +115,7 @@ class RealDeployment(Deployment):
         }
         lines = [
             *(line.replace('"sim"', '"none"') for line in self.supervisor_lines()),
+            *self.gateway_lines,
             "[[servers]]",
             f"name = {q(self.name)}",
             f"command = {json.dumps([str(self.python), '-m', 'sglang.launch_server'])}",

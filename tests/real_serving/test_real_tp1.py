@@ -1,12 +1,15 @@
-"""The daemon against one real SGLang server (tp 1, the scripted model), shared by the tests of this module.
+"""The daemon against one real SGLang server (tp 1, the scripted model) behind the real SMG 1.13.0, shared by the
+tests of this module.
 
 Configured without `--tool-call-parser` on purpose: the first test watches the family's parser set before the
-first launch (no wasted load). The tests then run in file order on the same deployment, each starting from `serving` and leaving it
+first launch (no wasted load). The supervisor drives SMG (`[gateway]`): the server joins once proven, and a wedge
+under SGLang's own benchmark client through SMG takes it out before its kill. The tests then run in file order on the same deployment, each starting from `serving` and leaving it
 serving again (each fault costs one real relaunch); the last one stops the daemon.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.gateway.support import Dispatches, ts
+from tests.real_serving.load import ServingLoad
 from tests.real_serving.support import (
     READY_S,
     RealDeployment,
@@ -25,7 +30,10 @@ from tests.real_serving.support import (
     real_deployment,
     serving,
     serving_again,
+    wait_running,
 )
+from tests.support.daemon import q
+from tests.support.gateways import ADMIN_KEY, running_gateway
 from tests.support.wait import wait_for
 
 
@@ -35,9 +43,14 @@ def dep(
 ) -> Iterator[RealDeployment]:
     """The real tp-1 deployment, its daemon started, launched with no tool-call parser."""
     root = tmp_path_factory.mktemp("real-tp1")
-    with real_deployment(root, tp=1, python=serving_python, models=models, parsers=(None, None)) as d:
-        d.start()
-        yield d
+    (root / "gateway-key").write_text(ADMIN_KEY + "\n")
+    with running_gateway("smg", root) as gw:
+        lines = ["[gateway]", f"url = {q(gw.url)}", f"admin_key_file = {q(str(root / 'gateway-key'))}"]
+        kw = {"python": serving_python, "models": models, "parsers": (None, None), "gateway_lines": lines}
+        with real_deployment(root, tp=1, **kw) as d:
+            d.gateway = gw
+            d.start()
+            yield d
 
 
 def test_missing_parser_is_fixed_before_the_first_launch(dep: RealDeployment) -> None:
@@ -62,6 +75,47 @@ def test_long_prompt_is_no_incident(dep: RealDeployment) -> None:
     after = dep.server()
     assert after["state"] == "serving" and after["pid"] == before["pid"]
     assert len(dep.incidents()) == incidents
+
+
+def test_a_wedge_under_sglangs_benchmark_client_through_smg_leaves_it_before_the_kill(
+    dep: RealDeployment, serving_python: Path
+) -> None:
+    """The real server proven and in SMG; SGLang's benchmark client through SMG; every rank stopped mid-load: the
+    server leaves SMG before its kill, SMG sends it nothing until the relaunch is proven, then it rejoins."""
+    gw = dep.gateway
+    assert gw is not None
+    first = dep.wait(serving, timeout=READY_S, what="serving")
+    wait_for(lambda: dep.sim_url in gw.live(), 60, "the real server in SMG")
+    dispatches = Dispatches(gw)
+    load = ServingLoad(serving_python, gw.url, dep.model_dir, dep.root / "gw-load.jsonl", requests=400)
+    load.concurrency, load.rate = 4, 4.0
+    load.start()
+    try:
+        wait_running(dep.sim_url, 1, timeout=300)
+        for proc in dep.ranks(first["pid"]).values():
+            proc.suspend()
+        again = serving_again(dep, first["pid"], "relaunched after the wedge")
+        wait_for(lambda: dep.sim_url in gw.live(), 60, "the relaunch back in SMG")
+    finally:
+        load.stop()
+        dispatches.close()
+    incident = again["last_incident"]
+    assert incident["fault"] in ("decode_wedge", "collective_hang", "health_unresponsive"), incident
+    removed = [e for e in events(dep, "gateway.removed")]
+    released = [e for e in events(dep, "recovery.release") if ts(e) > incident["detected_at"]]
+    assert removed and released and ts(removed[-1]) < ts(released[0]), "out of SMG before the kill"
+    assert dispatches.between(dep.sim_url, ts(removed[-1]) + 0.3, again["since"]) == []
+
+
+def events(dep: RealDeployment, name: str) -> list[dict[str, object]]:
+    """The daemon's log events called `name`."""
+    out = []
+    for line in (dep.root / "daemon.log").read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if event.get("event") == name:
+                out.append(event)
+    return out
 
 
 def test_scheduler_killed_is_a_crash_caught_before_sglang_tears_down(dep: RealDeployment) -> None:
