@@ -70,21 +70,28 @@ class Membership:
         """One reconciliation: list, then add and remove what differs; errors are kept, never raised."""
         self._poke.clear()
         wants = self.current_wants()
+        errors: list[GatewayError] = []
         try:
             self.listed = await self._listed()
-            todo = calls(wants, self.listed)
+            todo = sorted(calls(wants, self.listed), key=lambda c: c.op != "remove")  # removals first
             self.pending = False
-            for call in todo:
-                await self._apply(
-                    call.op, call.server, call.url, call.id, call.worker_type, call.bootstrap_port
-                )
+            for call in todo:  # each on its own: one refused call does not hold up the others
+                try:
+                    await self._apply(
+                        call.op, call.server, call.url, call.id, call.worker_type, call.bootstrap_port
+                    )
+                except GatewayError as exc:
+                    errors.append(exc)
             if todo:
                 self.listed = await self._listed()
-            self.failures, self.last_error = 0, ""
         except GatewayError as exc:
+            errors.append(exc)
+        if errors:
             self.failures += 1
-            self.last_error = f"{exc.kind}: {exc}"
+            self.last_error = f"{errors[0].kind}: {errors[0]}"
             log.warning("gateway.unavailable", error=self.last_error, retry_in_s=backoff_s(self.failures))
+        else:
+            self.failures, self.last_error = 0, ""
         self._observe(wants)
         self._round_done.set()
         self._round_done = asyncio.Event()

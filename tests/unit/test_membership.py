@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from policies.membership import Listed, Want, backoff_s, calls, may_stop, member_of, others_available
+from supervisor.gateway.client import GatewayError
+from supervisor.gateway.membership import Membership
+from supervisor.reporting.metrics import SupervisorMetrics
 
 pytestmark = pytest.mark.unit
 A, B, OTHER = "http://10.0.0.1:30000", "http://10.0.0.1:30010", "http://10.0.0.2:30000"
@@ -74,3 +77,39 @@ def test_a_planned_stop_leaves_min_available_other_ready_workers() -> None:
 
 def test_backoff_doubles_to_its_cap() -> None:
     assert [backoff_s(n) for n in (0, 1, 2, 3, 10)] == [0.0, 1.0, 2.0, 4.0, 30.0]
+
+
+class FakeGateway:
+    """A gateway's `/workers` in memory; `refuse` lists URLs whose add fails with a 500."""
+
+    def __init__(self, listed: list[Listed], refuse: tuple[str, ...] = ()) -> None:
+        self.listed, self.refuse, self.calls, self.url = listed, refuse, [], "http://gw"
+
+    async def workers(self) -> list[Listed]:
+        return list(self.listed)
+
+    async def add(self, url: str, worker_type: str = "regular", bootstrap_port: int | None = None) -> str:
+        self.calls.append(("add", url))
+        if url in self.refuse:
+            raise GatewayError("status", f"POST /workers {url}: HTTP 500")
+        self.listed.append(Listed(f"id-{len(self.calls)}", url, "ready"))
+        return f"id-{len(self.calls)}"
+
+    async def remove(self, worker_id: str) -> None:
+        self.calls.append(("remove", worker_id))
+        self.listed = [w for w in self.listed if w.id != worker_id]
+
+
+async def test_a_round_removes_first_and_one_refused_add_holds_up_nothing_else() -> None:
+    """The removal of a faulty server goes first; an add the gateway refuses is retried with backoff, and the
+    other calls of the round are made anyway; the membership is shown per server with its last error."""
+    fake = FakeGateway([Listed("old", B, "ready")], refuse=(A,))
+    wants = [Want("a", A, True), Want("b", B, False), Want("c", OTHER, True)]
+    membership = Membership(fake, lambda: wants, SupervisorMetrics())  # type: ignore[arg-type]
+    await membership.round()
+    assert fake.calls == [("remove", "old"), ("add", A), ("add", OTHER)]
+    assert membership.failures == 1 and "HTTP 500" in (membership.view("a")["last_error"] or "")
+    assert membership.view("c")["member"] and not membership.view("b")["member"]
+    fake.refuse = ()
+    await membership.round()
+    assert membership.failures == 0 and membership.view("a")["member"]
