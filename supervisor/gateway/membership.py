@@ -136,7 +136,8 @@ class Membership:
             worker = member_id(want.url, self.listed) if not self.failures else member.id
             member.id = worker
             listed = bool(worker)
-            synced = want.member is None or listed == want.member
+            # a gateway that cannot be reached holds nothing this daemon can vouch for: out of sync meanwhile
+            synced = want.member is None or (not self.failures and listed == want.member)
             if synced:
                 member.out_of_sync_since = None
             elif member.out_of_sync_since is None:

@@ -20,6 +20,7 @@ from tests.support.wait import wait_for
 
 # fault → (server a's tp, how it is caused, the fault kinds the supervisor may name)
 FAULTS: dict[str, tuple[int, str, tuple[str, ...]]] = {
+    "main_killed": (1, "kill-main", ("crash",)),
     "rank_killed": (1, "kill", ("crash",)),
     "tp_desync_hang": (2, "overlap_tp_desync_hang", ("collective_hang",)),
     "silent_wedge": (2, "watchdog_disabled_silent_wedge", ("collective_hang", "decode_wedge")),
@@ -27,6 +28,9 @@ FAULTS: dict[str, tuple[int, str, tuple[str, ...]]] = {
 
 
 def cause(dep: Any, how: str, pid: int) -> None:
+    if how == "kill-main":
+        os.kill(pid, signal.SIGKILL)
+        return
     if how == "kill":
         rank = next(
             p

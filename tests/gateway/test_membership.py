@@ -17,6 +17,7 @@ import pytest
 from supervisor.config import ConfigError, load_config
 from tests.gateway.support import NAMES, Clients, GatewayDeployment, for_server, gateway_deployment, ts
 from tests.support.gateways import KINDS, Gateway, running_gateway
+from tests.support.http import http
 from tests.support.wait import wait_for
 
 FAST = {"SGLANG_SIM_STEP_S": "0.02"}
@@ -125,6 +126,9 @@ def test_a_gateway_down_never_holds_up_a_recovery_and_an_empty_one_is_refilled(t
             )
             assert down["a"]["gateway"]["last_error"], down["a"]["gateway"]
             assert dep.status()["gateway"]["reachable"] is False
+            # the series SglangGatewayMembershipStale reads: a proven `a` not in the gateway, for ever longer
+            stale = 'sglang_supervisor_gateway_out_of_sync_seconds{server="a"}'
+            wait_for(lambda: metric(dep, stale) >= 2.0, 30, "a out of sync while the gateway is down")
             fresh = Gateway("smg", tmp_path / "smg-2.log", port=gw.port, prometheus_port=gw.prometheus_port)
             gw = fresh.start()
             wait_for(lambda: dep.both_in(gw), 90, "both servers back in the new gateway")
@@ -158,3 +162,11 @@ def test_check_config_says_when_the_gateway_refuses_the_key_or_is_not_a_gateway(
 def check_config(path: Path) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "supervisor.cli", "check-config", "--config", str(path)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+def metric(dep: GatewayDeployment, series: str) -> float:
+    """One series of the daemon's /metrics (0 when absent)."""
+    for line in http(dep.url + "/metrics").body.decode().splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

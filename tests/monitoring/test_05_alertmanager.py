@@ -80,7 +80,10 @@ def test_every_critical_alert_pages_and_every_warning_goes_to_tickets(world: Wor
         raise AssertionError(f"{exc}: missing {last}; delivered {got}") from None
     assert {"critical"} == {a["labels"]["severity"] for _, a in notified(world, PAGER)}
     assert {"warning"} == {a["labels"]["severity"] for _, a in notified(world, TICKET)}
-    assert fired(world) >= set(severity) - {"SglangGroupStuckInBarrier", "SglangGroupEtcdUnreachable"}
+    # elsewhere: the group alerts from a real etcd partition (tests/etcd); the gateway alert's series from a
+    # gateway that is down (tests/gateway) and its rule by promtool — this host has no gateway to lose
+    elsewhere = {"SglangGroupStuckInBarrier", "SglangGroupEtcdUnreachable", "SglangGatewayMembershipStale"}
+    assert fired(world) >= set(severity) - elsewhere
 
 
 def test_pages_carry_the_routing_labels_and_a_runbook_url_to_an_existing_section(world: World) -> None:
