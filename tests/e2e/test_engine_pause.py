@@ -4,13 +4,13 @@ only on what is still true."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import signal
 import threading
 import time
 import urllib.request
+from http.client import HTTPException
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ class Streams:
         try:
             with urllib.request.urlopen(req, timeout=600) as resp:
                 self.ends.append("done" if b"[DONE]" in resp.read() else "cut")
-        except (OSError, http.client.HTTPException) as exc:  # refused, reset, or cut mid-stream
+        except (OSError, ValueError, HTTPException) as exc:  # refused, reset, or cut mid-stream
             self.ends.append(f"error {exc!r}")
 
     def join(self, timeout: float) -> list[str]:

@@ -100,7 +100,7 @@ def test_a_pause_by_its_rl_client_with_requests_in_flight_is_no_incident(
     decode_wedge, or at 12.8 s as a collective_hang, before the pause was understood)."""
     first = dep.wait(serving, timeout=READY_S, what="serving")
     incidents = len(dep.incidents())
-    with InFlight(dep.sim_url, n=2):
+    with InFlight(dep.sim_url, n=2, tokens=300):
         wait_running(dep.sim_url, 1, timeout=300)
         assert _post(dep.sim_url, "/pause_generation", {"mode": mode}) == 200
         seen = dep.wait(lambda s: s["engine"] is not None, timeout=30, what="the pause seen")
@@ -111,9 +111,18 @@ def test_a_pause_by_its_rl_client_with_requests_in_flight_is_no_incident(
         assert dep.server()["engine"]["paused_s"] >= PAUSE_HELD_S - 5
         assert _post(dep.sim_url, "/continue_generation", {}) == 200
         after = dep.wait(lambda s: s["engine"] is None and serving(s), timeout=60, what="the pause over")
+        wait_for(lambda: generating_requests(dep.sim_url) == 0, READY_S, "the paused requests done")
     assert seen["pid"] == after["pid"] == first["pid"] and after["restarts"] == first["restarts"]
     assert after["fallback"]["rung"] == first["fallback"]["rung"]
     assert len(dep.incidents()) == incidents, dep.incidents()[incidents:]
+
+
+def generating_requests(base_url: str) -> float:
+    """Requests in flight at the server's generation endpoint (its HTTP gauge; the scrape itself not counted)."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    series = [ln for ln in text.splitlines() if ln.startswith("sglang:http_requests_active{")]
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in series if 'endpoint="/generate"' in ln)
 
 
 def idle(dep: RealDeployment) -> dict[str, Any]:
