@@ -24,6 +24,9 @@ from supervisor.reporting.metrics import SupervisorMetrics
 
 PERIOD_S = 10.0
 PENDING_S = 1.0  # an add the gateway refused for now (SMG: 409 while the URL still drains): tried again soon
+ADD_SETTLE_S = (
+    10.0  # SMG hides a worker from GET /workers while it registers it (~2 s): no second add meanwhile
+)
 log = structlog.get_logger("supervisor.gateway")
 
 
@@ -51,6 +54,7 @@ class Membership:
         self.reached_at: float | None = None  # wall time of the last answer
         self.pending = False  # an add was refused for now (a 409 while draining): the next round comes soon
         self.held: set[str] = set()  # servers kept out ahead of a planned stop, whatever their state
+        self.added_at: dict[str, float] = {}  # URL -> when it was last added (monotonic)
         self._poke = asyncio.Event()
         self._round_done = asyncio.Event()
 
@@ -74,7 +78,9 @@ class Membership:
         try:
             self.listed = await self._listed()
             todo = sorted(calls(wants, self.listed), key=lambda c: c.op != "remove")  # removals first
-            self.pending = False
+            settling = [c for c in todo if c.op == "add" and self._settling(c.url)]
+            todo = [c for c in todo if c not in settling]
+            self.pending = bool(settling)
             for call in todo:  # each on its own: one refused call does not hold up the others
                 try:
                     await self._apply(
@@ -96,6 +102,11 @@ class Membership:
         self._round_done.set()
         self._round_done = asyncio.Event()
 
+    def _settling(self, url: str) -> bool:
+        """Added moments ago and not listed yet: the gateway is still registering it (SMG hides it meanwhile)."""
+        at = self.added_at.get(url)
+        return at is not None and time.monotonic() - at < ADD_SETTLE_S
+
     async def _listed(self) -> list[Listed]:
         try:
             listed = await self.client.workers()
@@ -116,8 +127,10 @@ class Membership:
                 if not member.id:  # the gateway has that URL still (SMG: draining for 5 s after a removal)
                     self.pending = True
                     return
+                self.added_at[url] = time.monotonic()
             else:
                 await self.client.remove(worker_id)
+                self.added_at.pop(url, None)
         except GatewayError as exc:
             self.metrics.gateway_call(op, "error")
             member.last_error = f"{op}: {exc}"

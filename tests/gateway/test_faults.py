@@ -18,6 +18,10 @@ from tests.support.gateways import running_gateway
 from tests.support.http import http
 from tests.support.wait import wait_for
 
+# a relaunch that loads for 8 s: longer than SMG keeps a removed URL `draining` (5 s), so an add made before
+# the relaunch is proven would reach the gateway, not a 409
+SLOW_LOAD = {**FAST, "SGLANG_SIM_STARTUP_S": "8"}
+
 # fault → (server a's tp, how it is caused, the fault kinds the supervisor may name)
 FAULTS: dict[str, tuple[int, str, tuple[str, ...]]] = {
     "main_killed": (1, "kill-main", ("crash",)),
@@ -48,7 +52,10 @@ def test_an_unplanned_fault_takes_the_server_out_before_its_kill(tmp_path: Path,
     """Under load through SMG: out of rotation at detection, before the kill; no request sent after the removal
     fails; the relaunch is added only once serving (canary passed) under a new worker id."""
     tp, how, kinds = FAULTS[fault]
-    with running_gateway("smg", tmp_path) as gw, gateway_deployment(tmp_path, gw, env=FAST, a_tp=tp) as dep:
+    with (
+        running_gateway("smg", tmp_path) as gw,
+        gateway_deployment(tmp_path, gw, env=SLOW_LOAD, a_tp=tp) as dep,
+    ):
         first = wait_for(lambda: dep.both_in(gw), 120, "both servers serving and in the gateway")
         a = dep.named("a")
         dispatches = Dispatches(gw)
@@ -67,7 +74,9 @@ def test_an_unplanned_fault_takes_the_server_out_before_its_kill(tmp_path: Path,
         released = for_server(dep.events("recovery.release"), "a")
         added = for_server(dep.events("gateway.added"), "a")
         assert removed and ts(removed[0]) < ts(released[0]), "out of rotation before the kill"
-        assert ts(added[-1]) >= again["a"]["since"] and added[-1]["worker_id"] != first[dep.url_of("a")]
+        relaunch_adds = [e for e in added if ts(e) > ts(released[0])]
+        assert relaunch_adds and all(ts(e) >= again["a"]["since"] for e in relaunch_adds), "added once proven"
+        assert relaunch_adds[-1]["worker_id"] != first[dep.url_of("a")]
         assert [r for r in clients.failed() if r[0] > ts(removed[0])] == [], clients.failed()
         # SMG's own per-worker count (sampled every 0.1 s): nothing sent to `a` from its removal to its
         # relaunch's proof (the wedged tree, its dead port, the unproven relaunch)
