@@ -9,6 +9,7 @@ Both wheels install a `smg` script (the router's is its own gateway); the tests 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import http.client
@@ -34,6 +35,7 @@ REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements-gateway.txt"
 SMOKE = "import smg, sglang_router"
 ADMIN_KEY = "gw-admin-s3cret"
 KINDS = ("smg", "router")
+PR_SET_PDEATHSIG = 1
 
 
 def gateway_python(timeout_s: float = 900) -> Path:
@@ -99,7 +101,12 @@ class Gateway:
     def start(self) -> Gateway:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=_env()
+                self.argv(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=_env(),
+                preexec_fn=_die_with_parent,
             )
         wait_for(self._answers, 60, f"{self.kind} answering on {self.url}", interval=0.2)
         return self
@@ -133,6 +140,12 @@ class Gateway:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the test process dies, however it ends (a runner's timeout too),
+    so no gateway outlives the run that started it (SIGTERM would start SMG's own 180 s shutdown grace)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _env() -> dict[str, str]:
