@@ -55,7 +55,7 @@ from policies.model import (
     stacks_values,
 )
 from policies.pause import pause_overrun, paused_engine
-from policies.pd import prefills_idle
+from policies.pd import prefill_blamed, prefills_idle
 from policies.window import Window
 
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95})
@@ -246,6 +246,8 @@ def _pd_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
         return None
     v = progress_values(progress)
     pd_stalled = float(v.get("pd_stalled_s", 0.0))
+    if pd_stalled and prefill_blamed(ctx.prefills, ctx.settings.stall_after_s):
+        return None  # the prefill's own rules judge it; its requests fail here once it is gone
     idle = prefills_idle(ctx.prefills, since=progress.at - pd_stalled)
     if pd_stalled < ctx.settings.stall_after_s * (STRONG_STALL_FRACTION if idle else 1.0):
         return None
@@ -265,6 +267,8 @@ def _decode_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     progress = _stalled(w, ctx)
     if progress is not None:
         v = progress_values(progress)
+        if ctx.role == "decode" and v.get("pd_queue") and not v.get("running"):
+            return None  # every request waits for its KV: the transfer wedge's rule judges that
         stacks = w.latest("stacks")
         return make_fault(
             "decode_wedge",

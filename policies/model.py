@@ -286,3 +286,12 @@ class ProbeSettings:
     def stream_canary_on(self) -> bool:
         """Whether the load canary runs (`stream_canary_period_s = 0` is off, and so is `canary_mode = off`)."""
         return self.canaries_on and self.stream_canary_period_s > 0
+
+
+def routine_reading(obs: Observation) -> bool:
+    """A local reading that shows nothing wrong (a monitor keeps it for a shorter time than evidence)."""
+    if obs.probe == "ranks":
+        return obs.ok
+    if obs.probe == "gpu":
+        return obs.ok and not gpu_values(obs).get("xids")
+    return obs.probe == "logs" and not logs_values(obs).get("hits")

@@ -1,7 +1,10 @@
 """Prefill/decode ordering (DESIGN §3, failure-modes F3/F5).
 
 - A decode fault restarts that decode only; a healthy prefill is left alone.
-- Any prefill restart is followed by a restart of every decode (decode caches prefill endpoints).
+- A decode whose requests wait for KV while a prefill is down or stalled waits too: the prefill is the cause
+  (`prefill_blamed`), and SGLang fails the decode's requests bound to a dead prefill by itself (its heartbeat).
+- A relaunched prefill proves the pair with its canary; only a pair that stays unproven with a decode up
+  restarts that decode (it kept the old prefill's endpoints). The real pair finds a replaced prefill anew.
 - The router is restarted only for its own fault; a unified server only for its own.
 - Start order: prefills before decodes, every worker before the routers, and explicit `depends_on`
   edges on top. Stop in the reverse order.
@@ -86,3 +89,21 @@ def prefills_idle(prefills: Sequence[Observation | None], since: float) -> bool:
         if idle_at is None or idle_at <= since:
             return False
     return True
+
+
+BLAME_FRACTION = 0.25  # of the stall window: a prefill stalled this long explains a decode's wait for KV
+
+
+def prefill_blamed(prefills: Sequence[Observation | None], stall_after_s: float) -> str:
+    """Why a decode's wait for KV is a prefill's fault ('' when no prefill explains it): a prefill not serving,
+    its metrics unreadable, or its own work stalled for a quarter of the stall window (real-pd.md §4a: a
+    stopped prefill scheduler parks the decode's request with `/health` 200 on the decode)."""
+    for i, obs in enumerate(prefills):
+        if obs is None:
+            return f"prefill {i} is not serving"
+        if not obs.ok:
+            return f"prefill {i}'s metrics are unreadable"
+        stalled = float(progress_values(obs).get("stalled_s", 0.0))
+        if stalled >= stall_after_s * BLAME_FRACTION:
+            return f"prefill {i} has had work in flight with no progress for {stalled:.0f}s"
+    return ""

@@ -79,6 +79,7 @@ class ServerFacts:
     prefills: tuple[
         Observation | None, ...
     ] = ()  # a decode: each prefill's newest progress (None: not serving)
+    awaiting: str = ""  # a PD worker with no partner up: the role its pair canary waits for
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class Triage:
     proven: bool = False  # the newest tool canary passed (clears a serving-unproven warning)
     # alert-only fault kinds whose newest canary now passes (a degraded server serves again)
     cleared: frozenset[str] = frozenset()
+    awaiting_partner: bool = False  # `unproven` only because no PD partner is up yet: not an alert
 
 
 def _healthy_once(window: Sequence[Observation]) -> bool:
@@ -162,6 +164,9 @@ def _canary_gate(window: Sequence[Observation], facts: ServerFacts) -> Triage:
         )
         return Triage(serving=True, unproven=why)
     if not any(verdicts.values()):
+        if facts.awaiting:  # a PD worker's canary needs the pair: it serves, unproven, until a partner is up
+            why = f"serving unproven: awaiting a {facts.awaiting} with /health 200 to prove the pair"
+            return Triage(serving=True, unproven=why, awaiting_partner=True)
         return Triage(waiting_for="the first canary (/health is 200)")
     return Triage(
         waiting_for=(

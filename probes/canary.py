@@ -7,6 +7,7 @@ path), temperature 0, thinking off, a small `max_tokens`, and sends the same bod
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -29,6 +30,7 @@ from policies.leaks import (
 from policies.model import CanaryValues, Observation, ProbeSettings
 from policies.parsers_table import parsers_match
 from probes.base import auth_headers, read_capped
+from probes.pd_pair import PdPair, prefill_half
 
 TOOL_NAME = "get_weather"
 MAX_BODY = 1024 * 1024
@@ -182,8 +184,33 @@ async def chat(
     timeout_s: float,
     max_bytes: int = MAX_BODY,
     api_key: str | None = None,
+    pair: PdPair | None = None,
 ) -> ChatResult:
-    """POST a chat completion (streamed or not) and reassemble it; never raises."""
+    """POST a chat completion (streamed or not) and reassemble it; never raises. With `pair`, `url` is the
+    decode's and the same request goes to the pair's prefill at once, as SGLang's router sends it."""
+    if pair is None:
+        return await _chat(session, url, body, timeout_s, max_bytes, api_key)
+    body = {**body, **pair.fields()}
+    path = url.removeprefix(pair.decode_url)
+    result, prefill = await asyncio.gather(
+        _chat(session, url, body, timeout_s, max_bytes, api_key),
+        prefill_half(session, pair.prefill_url + path, body, timeout_s, api_key),
+    )
+    if prefill and result.status == 200:
+        return ChatResult(None, error=prefill)
+    if prefill and not result.error:
+        return ChatResult(result.status, error=prefill)
+    return result
+
+
+async def _chat(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    timeout_s: float,
+    max_bytes: int,
+    api_key: str | None,
+) -> ChatResult:
     try:
         async with session.post(
             url, json=body, headers=auth_headers(api_key), timeout=aiohttp.ClientTimeout(total=timeout_s)
@@ -236,7 +263,12 @@ def _observation(
 
 
 async def tool_canary(
-    session: aiohttp.ClientSession, base_url: str, model: str, settings: ProbeSettings, city: str = "Paris"
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    settings: ProbeSettings,
+    city: str = "Paris",
+    pair: PdPair | None = None,
 ) -> Observation:
     """Non-stream then stream; a leak, a structural failure or a disagreement fails (probe `canary_tool`)."""
     start = time.monotonic()
@@ -248,6 +280,7 @@ async def tool_canary(
         tool_body(model, city, settings.canary_max_tokens, False, rid + "-0"),
         settings.canary_timeout_s,
         api_key=settings.api_key,
+        pair=pair,
     )
     v_plain = judge_tool(plain, TOOL_NAME, city)
     if v_plain.verdict == FAIL or not v_plain.answered:
@@ -258,6 +291,7 @@ async def tool_canary(
         tool_body(model, city, settings.canary_max_tokens, True, rid + "-1"),
         settings.canary_timeout_s,
         api_key=settings.api_key,
+        pair=pair,
     )
     v_stream = judge_tool(streamed, TOOL_NAME, city)
     return _observation("canary_tool", judge_pair(v_plain, v_stream), start, CanaryValues(rid=rid))
@@ -268,7 +302,11 @@ def _prefixed(v: Verdict, how: str) -> Verdict:
 
 
 async def reasoning_canary(
-    session: aiohttp.ClientSession, base_url: str, model: str, settings: ProbeSettings
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    settings: ProbeSettings,
+    pair: PdPair | None = None,
 ) -> Observation:
     """Thinking on, no tools: reasoning separated and the answer in content (probe `canary_reasoning`)."""
     start = time.monotonic()
@@ -278,6 +316,7 @@ async def reasoning_canary(
         reasoning_body(model, settings.canary_max_tokens),
         settings.canary_timeout_s,
         api_key=settings.api_key,
+        pair=pair,
     )
     return _observation("canary_reasoning", judge_reasoning(result, REASONING_ANSWER), start)
 

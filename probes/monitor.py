@@ -17,7 +17,9 @@ idle engine is told by its first failed `/health` (SGLang answers 503 after its 
 `unresponsive_after_s`.
 
 While SGLang reports its engine paused by its client (probes/engine.py, read with every scrape), `/health` (it
-would wait out the pause, then mark SGLang unhealthy) and the canaries stand aside until the pause ends.
+would wait out the pause, then mark SGLang unhealthy) and the canaries stand aside until the pause ends. A PD
+worker's canaries go through a pair (probes/pd_pair.py) and wait while no partner is up; its live PD queues come
+from `/v1/loads` with every scrape.
 """
 
 from __future__ import annotations
@@ -42,20 +44,21 @@ from policies.model import (
     canary_values,
     engine_values,
     gpu_values,
-    logs_values,
     progress_values,
     ranks_values,
+    routine_reading,
 )
 from probes.canary import config_check, reasoning_canary, tool_canary
 from probes.engine import EngineTracker, ready_and_ping
 from probes.gpu_probe import GpuWatch
 from probes.health import probe_health
 from probes.logwatch import LogWatch
+from probes.pd_pair import PdPair, pd_loads
 from probes.progress import ProgressTracker, scrape_metrics
 from probes.stacks import observe_ranks, probe_stacks
 from probes.stream_canary import stream_canary
 
-LOCAL_PERIOD_S, CANARY_RETRY_S = 1.0, 15.0
+LOCAL_PERIOD_S, CANARY_RETRY_S, PAIR_RETRY_S = 1.0, 15.0, 2.0
 STARTUP_HEALTH_PERIOD_S = 0.5
 BUSY_SCRAPE_S = 2.0
 SUSPECT_SCRAPE_S = 1.0
@@ -81,12 +84,12 @@ class Monitor:
         gpu: Callable[[], list[dict[str, Any]]] | None,
         log_lines: Callable[[], list[str]],
         pids_for_stacks: Callable[[], dict[int, str]],
-        canary_url: str | None = None,
+        pd_pair: Callable[[], PdPair | None] | None = None,
         xids_seen: set[tuple[int, int, float]] | None = None,
     ) -> None:
         self.server, self.role, self.model, self.settings = server, role, model, settings
         self.base_url = base_url.rstrip("/")
-        self.canary_url = (canary_url or self.base_url).rstrip("/")
+        self._pair = pd_pair  # a PD worker: the pair its canaries go through (None while no partner is up)
         self._tree, self._gpu_read, self._log_lines, self._pids = tree, gpu, log_lines, pids_for_stacks
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[Observation]] = {}
@@ -141,7 +144,7 @@ class Monitor:
         Local readings that show nothing wrong (ranks all alive, GPUs without Xid, logs without a signature)
         are kept `ROUTINE_KEEP_S`; everything else as long as the longest window of the settings.
         """
-        pruned = [o for o in self._latest.values() if o.at < self._cuts[1 if _routine(o) else 0]]
+        pruned = [o for o in self._latest.values() if o.at < self._cuts[1 if routine_reading(o) else 0]]
         return [*self._window, *self._routine, *pruned]
 
     def next_due(self) -> float:
@@ -177,26 +180,20 @@ class Monitor:
         """The last observation of each probe, JSON-ready (for /status)."""
         probes = {
             name: {
-                "at": obs.at,
-                "ok": obs.ok,
-                "detail": obs.detail,
-                "latency_s": obs.latency_s,
-                "values": dict(obs.values),
+                "at": o.at,
+                "ok": o.ok,
+                "detail": o.detail,
+                "latency_s": o.latency_s,
+                "values": dict(o.values),
             }
-            for name, obs in sorted(self._latest.items())
+            for name, o in sorted(self._latest.items())
         }
-        return {
-            "server": self.server,
-            "role": self.role,
-            "started_at": self.started_at,
-            "in_flight": sorted(self._tasks),
-            "probes": probes,
-        }
+        return {"server": self.server, "role": self.role, "started_at": self.started_at, "in_flight": sorted(self._tasks), "probes": probes}  # fmt: skip
 
     # ---- internals
 
     def _record(self, obs: Observation) -> None:
-        (self._routine if _routine(obs) else self._window).append(obs)
+        (self._routine if routine_reading(obs) else self._window).append(obs)
         self._latest[obs.probe] = obs
 
     def _prune(self, now: float) -> None:
@@ -322,6 +319,9 @@ class Monitor:
             return False
         if kind in STAND_ASIDE and self.engine_paused():
             return False
+        if kind in ("canary_tool", "canary_stream") and self._pair and self._safe(self._pair, None) is None:
+            self._due[kind] = now + PAIR_RETRY_S  # a PD worker's canary waits for a partner with /health 200
+            return False
         if period is not None:
             self._due[kind] = now + period
         self._tasks[kind] = self._track(asyncio.ensure_future(make(self._http())))
@@ -350,19 +350,22 @@ class Monitor:
         """/metrics, and beside it SGLang's own word on a pause (not for a router: it has no engine)."""
         s = self.settings
         scrape = scrape_metrics(session, self.base_url, s.health_timeout_s, s.metrics_max_bytes, s.api_key)
-        paused = False
+        paused, live = False, None
         if self.role == "router":
             samples, error, latency = await scrape
         else:
             start = time.monotonic()
-            (samples, error, latency), (ready, ping) = await asyncio.gather(
-                scrape, ready_and_ping(session, self.base_url, s.health_timeout_s, s.api_key)
+            (samples, error, latency), (ready, ping), live = await asyncio.gather(
+                scrape,
+                ready_and_ping(session, self.base_url, s.health_timeout_s, s.api_key),
+                pd_loads(session, self.base_url, self.role, s.health_timeout_s, s.api_key),
             )
             engine = self._engine.update(samples, ready, ping, time.monotonic(), time.monotonic() - start)
             paused = bool(engine_values(engine).get("paused"))
             self._pending.append(engine)  # looked up after the await: tick() swaps the list
         others = [t for t in (self._logs.last_progress_at, self._gpu_busy_at) if t is not None]
-        canary = any(k in self._tasks for k in ("canary_tool", "canary_stream"))
+        # a prefill's canary is judged on its decode (the prefill's half is in its HTTP gauge while it runs)
+        canary = self.role != "prefill" and any(k in self._tasks for k in ("canary_tool", "canary_stream"))
         return self._progress.update(
             samples,
             time.monotonic(),
@@ -371,6 +374,7 @@ class Monitor:
             error=error,
             latency_s=latency,
             paused=paused,
+            pd_live=live,
         )
 
     async def _canaries(self, session: aiohttp.ClientSession) -> Observation:
@@ -379,22 +383,17 @@ class Monitor:
         if s.expected_tool_parser or s.expected_reasoning_parser:
             checked = await config_check(session, self.base_url, s)
             self._pending.append(checked)  # looked up after the await: tick() swaps the list
+        url, pair = self._target()
         if s.expected_reasoning_parser:
-            reasoned = await reasoning_canary(session, self.canary_url, self.model, s)
+            reasoned = await reasoning_canary(session, url, self.model, s, pair)
             self._pending.append(reasoned)
-        return await tool_canary(session, self.canary_url, self.model, s)
+        return await tool_canary(session, url, self.model, s, pair=pair)
 
     async def _stream(self, session: aiohttp.ClientSession) -> Observation:
-        tool = self._latest.get("canary_tool")
-        return await stream_canary(
-            session, self.canary_url, self.model, self.settings, tool.ok if tool else None
-        )
+        (url, pair), tool = self._target(), self._latest.get("canary_tool")
+        return await stream_canary(session, url, self.model, self.settings, tool.ok if tool else None, pair)
 
-
-def _routine(obs: Observation) -> bool:
-    """A local reading that shows nothing wrong (kept for a shorter time than evidence)."""
-    if obs.probe == "ranks":
-        return obs.ok
-    if obs.probe == "gpu":
-        return obs.ok and not gpu_values(obs).get("xids")
-    return obs.probe == "logs" and not logs_values(obs).get("hits")
+    def _target(self) -> tuple[str, PdPair | None]:
+        """Where the canaries go: this server, or a PD worker's pair (through its decode)."""
+        pair = self._safe(self._pair, None) if self._pair else None
+        return (pair.decode_url if pair else self.base_url), pair

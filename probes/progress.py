@@ -23,6 +23,7 @@ import aiohttp
 
 from policies.model import Observation, ProgressValues
 from probes.base import auth_headers, read_capped
+from probes.pd_pair import PdLoads
 
 GENERATION_ENDPOINTS = frozenset(
     {"/generate", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
@@ -119,8 +120,10 @@ class ProgressTracker:
         error: str = "",
         latency_s: float | None = None,
         paused: bool = False,
+        pd_live: PdLoads | None = None,
     ) -> Observation:
-        """Fold one scrape (None when it failed) into the lease and report it; `paused` holds the lease."""
+        """Fold one scrape (None when it failed) into the lease and report it; `paused` holds the lease; a PD
+        worker's live queues (`/v1/loads`) stand in for its gauges, which go stale while nothing runs."""
         moved: list[str] = []
         running = active = pd_queue = queued = None
         if samples is not None:
@@ -135,6 +138,8 @@ class ProgressTracker:
                 )
             pd_queue = _gauge(samples, PD_QUEUES.get(self.role, ()))
             queued = _gauge(samples, "sglang:num_queue_reqs")
+            if pd_live is not None:
+                pd_queue, running = pd_live.queue, pd_live.running
         if moved or paused:
             self.last_progress_at = now
         if other_progress_at is not None and (self.last_progress_at or 0.0) < other_progress_at:

@@ -16,6 +16,7 @@ import aiohttp
 from policies.leaks import FAIL, INCONCLUSIVE, PASS, judge_tool
 from policies.model import CanaryValues, Observation, ProbeSettings
 from probes.canary import TOOL_NAME, chat, tool_body
+from probes.pd_pair import PdPair
 
 CITIES = (
     "Paris", "Oslo", "Lima", "Kyiv", "Quito", "Accra", "Hanoi", "Dakar",
@@ -31,6 +32,7 @@ async def stream_canary(
     model: str,
     settings: ProbeSettings,
     single_ok: bool | None = None,
+    pair: PdPair | None = None,
 ) -> Observation:
     """Fire `stream_canary_concurrency` streams at once and judge each (probe `canary_stream`)."""
     start = time.monotonic()
@@ -45,6 +47,7 @@ async def stream_canary(
                 tool_body(model, city, settings.canary_max_tokens, True),
                 settings.canary_timeout_s,
                 api_key=settings.api_key,
+                pair=pair,
             )
             for city in cities
         )

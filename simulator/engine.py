@@ -183,7 +183,7 @@ class Engine:
                         self.snapshot_at = time.time()
                     if time.monotonic() - last_idle_log >= 30.0 and not self.paused:
                         last_idle_log = time.monotonic()
-                        self.metrics.idle_tick(self.parked)
+                        self.metrics.idle_tick()
                 if self.stopping:
                     return
                 tell = self._scheduler_paused()

@@ -102,7 +102,7 @@ class Generation:
         too_long = self._too_long(max(1, len(str(prompt)) // 4))
         if too_long:
             return web.json_response({"error": {"message": too_long}}, status=400)
-        gate = await self.pd.gate(body)
+        gate = await self.pd.gate(body, openai=False)
         if gate is not None:
             return gate
         if not self._admit():

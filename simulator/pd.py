@@ -2,8 +2,9 @@
 
 The router sends each request to both servers with `bootstrap_host/port/room`. The prefill runs it and marks the
 room transferred on its bootstrap server; the decode parks the request in its transfer queue until the room is
-transferred, then decodes. A decode remembers the prefill instance it first talked to: after a prefill restart it
-keeps waiting on stale endpoints (failure H7) until it is restarted itself.
+transferred, then decodes. A decode finds a replaced prefill anew (SGLang's heartbeat drops one that was gone for two
+beats, real-pd.md); with the `prefill_replaced_decode_stale` fault it keeps waiting on the stale endpoints (failure
+H7) until it is restarted itself. A request without a bootstrap room is refused with SGLang's 400.
 """
 
 from __future__ import annotations
@@ -77,9 +78,20 @@ class PdSide:
             return
         self.rooms.add(room)
 
-    async def gate(self, body: dict[str, Any]) -> web.Response | None:
-        """Decode side: wait in the transfer queue for the request's KV; None when it may decode."""
-        if self.mode != "decode" or body.get("bootstrap_room") is None:
+    async def gate(self, body: dict[str, Any], openai: bool = True) -> web.Response | None:
+        """Either side: SGLang's 400 for a request without a bootstrap room. Decode side: wait in the transfer
+        queue for the request's KV; None when it may decode."""
+        if self.mode in ("prefill", "decode") and body.get("bootstrap_room") is None:
+            message = (
+                "Invalid request: Disaggregated request received without bootstrap room id. "
+                f"req.rid='{uuid.uuid4().hex}'"
+            )
+            log(message)
+            if openai:
+                error = {"object": "error", "message": message, "type": "BadRequestError", "param": None}
+                return web.json_response({**error, "code": 400}, status=400)
+            return web.json_response({"error": {"message": message}}, status=400)
+        if self.mode != "decode":
             return None
         host = str(body.get("bootstrap_host") or "127.0.0.1")
         if host == FAKE_BOOTSTRAP_HOST:
@@ -88,8 +100,7 @@ class PdSide:
         room = str(body["bootstrap_room"])
         addr = f"{host}:{port}"
         wedged = self.faults.check("pd_decode_transfer_wedge")
-        self.engine.parked += 1
-        self.metrics.log_stats(len(self.engine.running), 0, self.engine.parked)
+        self.engine.parked += 1  # live in /v1/loads; the gauges wait for the next batch's stats
         try:
             deadline = time.monotonic() + self.waiting_timeout
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
@@ -122,6 +133,10 @@ class PdSide:
             return False
         instance = str(data.get("instance", "")) if isinstance(data, dict) else ""
         known = self.known_prefill.setdefault(addr, instance)
+        if known != instance and not self.faults.get("prefill_replaced_decode_stale"):
+            # SGLang's heartbeat drops a prefill gone for two beats (5 s apart): a replaced one is found anew
+            log(f"Lost connection with prefill instance (bootstrap_addr: {addr}), 0 requests affected")
+            self.known_prefill[addr] = known = instance
         if known != instance:
             if not self.prefill_lost:
                 self.prefill_lost = True

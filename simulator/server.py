@@ -260,7 +260,9 @@ class SimServer:
 
     async def loads(self, request: web.Request) -> web.Response:
         """The shared-memory load snapshot of each DP rank; its `timestamp` freezes with the scheduler."""
-        return web.json_response(self.metrics.loads(self.engine.snapshot_at, MAX_TOTAL_TOKENS))
+        return web.json_response(
+            self.metrics.loads(self.engine.snapshot_at, MAX_TOTAL_TOKENS, self.pd.mode, self.engine.parked)
+        )
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         """Prometheus text; served by the main process, so it answers while the ranks are wedged."""

@@ -109,9 +109,12 @@ class SimMetrics:
             rate = round(50.0 * max(running, 1), 2) if throughput is None else throughput
             self.gauges["gen_throughput"] = rate
 
-    def idle_tick(self, parked: int) -> None:
-        """The idle stats every 30 s: throughput 0, queues as they are."""
+    def idle_tick(self) -> None:
+        """The idle stats every 30 s: throughput 0, the PD queue gauges as they were (real-pd.md §4a: a decode
+        with a request parked for KV and nothing running writes no batch stats, so they stay stale)."""
         with self._lock:
+            parked = int(self.gauges.get("num_decode_transfer_queue_reqs", 0) or 0)
+            parked = parked or int(self.gauges.get("num_prefill_inflight_queue_reqs", 0) or 0)
             self._set_batch_gauges(0, 0, parked)
             self.gauges["gen_throughput"] = 0.0
 
@@ -150,11 +153,15 @@ class SimMetrics:
             self.http_active[(endpoint, method)] -= 1
             self.http_responses[(endpoint, str(status), method)] += 1
 
-    def loads(self, snapshot_at: float, max_total_tokens: int) -> dict[str, Any]:
-        """The `/v1/loads` body: one DP rank's load snapshot (as of `snapshot_at`) and the aggregate."""
+    def loads(
+        self, snapshot_at: float, max_total_tokens: int, mode: str = "null", parked: int = 0
+    ) -> dict[str, Any]:
+        """The `/v1/loads` body: one DP rank's load snapshot (as of `snapshot_at`) and the aggregate. Its
+        `disaggregation` queues are live (the scheduler publishes them every loop), unlike the gauges."""
         with self._lock:
             g = dict(self.gauges)
         running, waiting = int(g["num_running_reqs"]), int(g["num_queue_reqs"])
+        waiting += parked if mode == "decode" else 0  # SGLang counts the transfer queue as waiting
         load = {
             "timestamp": snapshot_at,
             "dp_rank": 0,
@@ -169,6 +176,14 @@ class SimMetrics:
             "gen_throughput": g["gen_throughput"],
             "cache_hit_rate": g["cache_hit_rate"],
             "utilization": g["token_usage"],
+            "disaggregation": {
+                "mode": mode,
+                "prefill_bootstrap_queue_reqs": 0,
+                "prefill_inflight_queue_reqs": parked if mode == "prefill" else 0,
+                "decode_prealloc_queue_reqs": 0,
+                "decode_transfer_queue_reqs": parked if mode == "decode" else 0,
+                "decode_retracted_queue_reqs": 0,
+            },
         }
         aggregate = {
             "total_running_reqs": running,

@@ -26,6 +26,7 @@ TIERS = (
     "gateway",
     "e2e",
     "real_serving",
+    "real_pd",
     "etcd",
     "hardening",
     "process",

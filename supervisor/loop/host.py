@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from policies.flagcompat import FlagSet
 from policies.model import Observation, ProbeSettings, TreeView
 from probes.monitor import Monitor
+from probes.pd_pair import PdPair
 from supervisor.config import ServerConfig, SupervisorConfig
 from supervisor.host import adopt, forensics, identity, launcher, preflight, proctree
 from supervisor.host.adopt import AdoptionView
@@ -81,7 +82,7 @@ class MonitorSpec:
     server: str
     role: str
     base_url: str
-    canary_url: str
+    pd_pair: Callable[[], PdPair | None]
     model: str
     settings: ProbeSettings
     tree: Callable[[], TreeView]
@@ -318,7 +319,7 @@ class RealHost:
             server=spec.server,
             role=spec.role,
             base_url=spec.base_url,
-            canary_url=spec.canary_url,
+            pd_pair=spec.pd_pair,
             model=spec.model,
             settings=spec.settings,
             tree=spec.tree,

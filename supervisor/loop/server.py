@@ -27,7 +27,7 @@ from policies.flagcompat import FlagSet, check_ladders, express_argv, rejected
 from policies.ladders import PastIncident, Rung, apply_rungs
 from policies.model import Fault, Observation
 from policies.parsers_table import ExpectedParsers
-from policies.pd import Role, restart_order
+from policies.pd import Role
 from policies.plan import PARSER_KEY, Plan, build_argv, parser_ladder
 from policies.spec import spec_hash
 from policies.states import ServerState, resume_target
@@ -36,7 +36,7 @@ from supervisor.config import ServerConfig
 from supervisor.host import proctree
 from supervisor.host.flaghelp import HelpUnavailable
 from supervisor.host.launcher import SpawnFailed
-from supervisor.loop import adoption, first_launch, recovery
+from supervisor.loop import adoption, first_launch, pd_peers, recovery
 from supervisor.loop.commands import Command, Outcome
 from supervisor.loop.grouped import run_grouped
 from supervisor.loop.owner import ServerOwner
@@ -109,6 +109,10 @@ class ServerLoop:
     def latest_progress(self) -> Observation | None:
         """The newest progress observation while serving (a decode's view of its prefill)."""
         return self._watch.latest("progress") if self.owner.state is S.SERVING else None
+
+    def latest_health(self) -> Observation | None:
+        """The newest `/health` observation of this launch (a PD partner's view of it)."""
+        return self._watch.latest("health")
 
     def enqueue(self, cmd: Command) -> None:
         """Queue a command for this loop."""
@@ -294,11 +298,11 @@ class ServerLoop:
             return recovery.spawn_failure(self, failed)
         return await self._watch.run()
 
-    def became_serving(self, unproven: str) -> None:
+    def became_serving(self, unproven: str, alert: bool = True) -> None:
         """Startup proven (or serving unproven): serving; resolve the open incident; PD follow-ups."""
         owner = self.owner
         now = owner.mark_serving()
-        self.set_unproven(unproven)
+        self.set_unproven(unproven, alert)
         owner.transition(S.SERVING, unproven or "health 200 and canary passed")
         self.svc.metrics.observe_startup(self.name, now - owner.started_at)
         closed = owner.close_incident()
@@ -306,15 +310,16 @@ class ServerLoop:
             incident, since = closed
             self.svc.metrics.observe_time_to_serving(self.name, now - since)
             self.svc.incidents.resolve(incident, self.clock.wall(), now - since)
-        if self.cfg.role is Role.PREFILL and owner.launches > 1:
-            self.restart_followers()
+        if self.cfg.role is Role.PREFILL and owner.launches > 1 and unproven and alert:
+            pd_peers.restart_followers(self.svc, self.name, unproven, self.log)
 
-    def set_unproven(self, why: str) -> None:
-        """Serving without a passing canary (a warning), or proven again when `why` is empty."""
+    def set_unproven(self, why: str, alert: bool = True) -> None:
+        """Serving without a passing canary (a warning unless `alert` is off: a PD worker awaiting its
+        partner), or proven again when `why` is empty."""
         was = self.owner.unproven
         if not self.owner.set_unproven(why):
             return
-        if why:
+        if why and alert:
             self.svc.incidents.notice(
                 self.name,
                 self.clock.wall(),
@@ -327,15 +332,6 @@ class ServerLoop:
             )
         elif was and self.owner.state is S.SERVING:
             self.owner.transition(S.SERVING, "canary passed")
-
-    def restart_followers(self) -> None:
-        """SGLang decode caches prefill endpoints: a relaunched prefill is followed by its decodes."""
-        roles = {name: peer.cfg.role for name, peer in self.svc.loops.items()}
-        for name in restart_order(self.name, roles)[1:]:
-            other = self.svc.loops[name]
-            if other.owner.state in (S.SERVING, S.DEGRADED, S.STARTING):
-                other.enqueue(Command("restart", f"prefill {self.name} was restarted", actor="supervisor"))
-                self.log.info("pd.restart_decode", decode=name, prefill=self.name)
 
     # ---- commands and waiting ------------------------------------------------------------------------------
     def handle_command(self, cmd: Command) -> str:

@@ -24,6 +24,7 @@ from policies.states import ServerState
 from policies.triage import ServerFacts, TreeFacts, promotion, quiet, triage
 from supervisor.gateway.drain import RestartGate
 from supervisor.host import proctree
+from supervisor.loop import pd_peers
 from supervisor.loop.commands import Command, Outcome
 from supervisor.loop.host import MonitorSpec, ProbeMonitor
 from supervisor.records.incident import Incident
@@ -112,13 +113,6 @@ class Watch:
         lines, self.cursor = run.lines_since(self.cursor)
         return lines
 
-    def _prefills(self) -> tuple[Observation | None, ...]:
-        """A decode: each prefill's newest progress observation (None for one not serving); others: none."""
-        if self.loop.cfg.role is not Role.DECODE:
-            return ()
-        peers = self.loop.svc.loops.values()
-        return tuple(p.latest_progress() for p in peers if p.cfg.role is Role.PREFILL)
-
     def rank_pids(self) -> dict[int, str]:
         """The running ranks: pid → title (stacks and forensics dump these)."""
         snap = self.tree
@@ -142,15 +136,6 @@ class Watch:
             return []
         return proctree.expected_rank_titles(cfg.tp_size, cfg.dp_size, cfg.pp_size, cfg.nnodes, cfg.node_rank)
 
-    def _canary_url(self, base: str) -> str:
-        """A decode's canary goes through the router when there is one."""
-        if self.loop.cfg.role is not Role.DECODE:
-            return base
-        for cfg in self.loop.svc.config.servers:
-            if cfg.role is Role.ROUTER:
-                return cfg.base_url
-        return base
-
     def _new_monitor(self) -> ProbeMonitor:
         loop = self.loop
         base = loop.cfg.base_url
@@ -159,7 +144,7 @@ class Watch:
             server=loop.name,
             role=loop.cfg.role.value,
             base_url=base,
-            canary_url=self._canary_url(base),
+            pd_pair=lambda: pd_peers.pair(loop.svc, loop.name),
             model=model_name(loop.owner.argv[len(loop.cfg.command) :], loop.cfg.model_path),
             settings=self.settings,
             tree=self.tree_view,
@@ -244,7 +229,8 @@ class Watch:
             phase=owner.state.value if owner.state in (S.STARTING, S.SERVING, S.DEGRADED) else "serving",
             started_at=owner.started_at,
             settings=self.settings,
-            prefills=self._prefills(),
+            prefills=pd_peers.prefills(loop.svc, loop.name),
+            awaiting=pd_peers.awaiting(loop.svc, loop.name),
         )
         tree = TreeFacts(
             tuple(losses), run.returncode() if losses else None, tuple(run.tail(TAIL_LINES) if losses else ())
@@ -254,7 +240,7 @@ class Watch:
         if result.fault is not None:
             return self._act_on_fault(result.fault)
         if result.serving and owner.state is S.STARTING:
-            loop.became_serving(result.unproven)
+            loop.became_serving(result.unproven, alert=not result.awaiting_partner)
         elif owner.state is S.STARTING and result.waiting_for != self.waiting_for:
             self.waiting_for = result.waiting_for
             owner.transition(S.STARTING, f"waiting for {result.waiting_for}")

@@ -41,16 +41,38 @@ def test_decode_transfer_wedge_restarts_only_the_decode(tmp_path: Path) -> None:
         dep.cleanup()
 
 
-def test_prefill_restart_is_followed_by_a_decode_restart(tmp_path: Path) -> None:
-    """prefill_replaced_decode_stale: after the prefill is replaced, the supervisor restarts the decode too."""
+def test_a_relaunched_prefill_proves_the_pair_and_keeps_its_decode(tmp_path: Path) -> None:
+    """Prefill SIGKILLed: relaunched and proven by its canary through the pair; the decode (which finds the new
+    prefill by itself, as the real one does) keeps its PID and no rung is stepped on it."""
     dep = PdDeployment(tmp_path)
     try:
         dep.start()
         first = dep.wait_all(all_serving, what="all serving")
         os.kill(first["prefill"]["pid"], signal.SIGKILL)
         after = dep.wait_all(
-            lambda s: all_serving(s) and s["decode"]["pid"] != first["decode"]["pid"],
+            lambda s: all_serving(s) and s["prefill"]["pid"] != first["prefill"]["pid"],
             timeout=120,
+            what="prefill relaunched",
+        )
+        canary = after["prefill"]["probes"]["probes"]["canary_tool"]
+        assert canary["ok"] and not after["prefill"]["unproven"], canary
+        assert after["decode"]["pid"] == first["decode"]["pid"] and after["decode"]["restarts"] == 0
+        assert after["decode"]["fallback"]["rung"] == 0
+        assert after["router"]["pid"] == first["router"]["pid"]
+    finally:
+        dep.cleanup()
+
+
+def test_a_decode_that_keeps_the_old_prefill_is_restarted_after_it(tmp_path: Path) -> None:
+    """prefill_replaced_decode_stale: the relaunched prefill's pair stays unproven, so the decode follows."""
+    dep = PdDeployment(tmp_path, decode_env={"SGLANG_SIM_SCENARIO": "prefill_replaced_decode_stale"})
+    try:
+        dep.start()
+        first = dep.wait_all(all_serving, what="all serving")
+        os.kill(first["prefill"]["pid"], signal.SIGKILL)
+        after = dep.wait_all(
+            lambda s: all_serving(s) and s["decode"]["pid"] != first["decode"]["pid"],
+            timeout=180,
             what="decode restarted",
         )
         assert after["prefill"]["pid"] != first["prefill"]["pid"]

@@ -85,12 +85,19 @@ def test_chat_through_the_router_succeeds(tmp_path: Path) -> None:
         pd.prefill.wait_log("Prefill batch")
 
 
+def transfer_queue(sim: Sim) -> int:
+    """The decode's live transfer queue, as `GET /v1/loads` shows it."""
+    return int(sim.get("/v1/loads").json()["loads"][0]["disaggregation"]["decode_transfer_queue_reqs"])
+
+
 def test_f3_decode_transfer_wedge_is_invisible_to_health(tmp_path: Path) -> None:
-    """F3 on decode: requests park in the transfer queue (gauge > 0, /health 200), then 500 KVTransferError."""
+    """F3 on decode: requests park in the transfer queue (live in /v1/loads; the gauge stale at 0 as on the real
+    decode, real-pd.md §4a; /health 200), then 500 KVTransferError."""
     scenario = {"SGLANG_SIM_SCENARIO": "pd_decode_transfer_wedge"}
     with ThreadPoolExecutor(1) as pool, pd_deployment(tmp_path, decode_env=scenario) as pd:
         reply = pool.submit(pd.chat)
-        wait_for(lambda: pd.decode.metrics().get(GAUGE, 0) >= 1, 10, "transfer queue gauge")
+        wait_for(lambda: transfer_queue(pd.decode) >= 1, 10, "the request in the transfer queue")
+        assert pd.decode.metrics().get(GAUGE, 0) == 0
         assert pd.decode.get("/health").status == 200
         assert pd.prefill.get("/health").status == 200
         status, body = reply.result(timeout=30)
@@ -99,7 +106,7 @@ def test_f3_decode_transfer_wedge_is_invisible_to_health(tmp_path: Path) -> None
         pd.decode.wait_log(
             r"Decode transfer failed for request rank=0 .*after 3\.0s in KVPoll\.WaitingForInput"
         )
-        assert pd.decode.metrics()[GAUGE] >= 1  # frozen until the next stats tick
+        assert transfer_queue(pd.decode) == 0
 
 
 def test_f4_nixl_transfer_worker_assert_hangs_later_requests(tmp_path: Path) -> None:
@@ -112,6 +119,18 @@ def test_f4_nixl_transfer_worker_assert_hangs_later_requests(tmp_path: Path) -> 
         assert pd.prefill.get("/health").status == 200 and pd.decode.get("/health").status == 200
 
 
+def test_a_replaced_prefill_is_found_anew_by_its_decode(tmp_path: Path) -> None:
+    """Without the fault the decode finds a relaunched prefill behind the same address (SGLang's heartbeat drops
+    the old one), as the real pair does: requests through the pair succeed with no decode restart."""
+    with pd_deployment(tmp_path) as pd:
+        assert pd.chat()[0] == 200
+        kill_group(pd.prefill)
+        pd.prefill = _prefill(tmp_path, pd.bootstrap, WAIT, port=pd.prefill.port)
+        wait_ready(pd.prefill)
+        assert pd.chat()[0] == 200
+        pd.decode.wait_log(f"Lost connection with prefill instance \\(bootstrap_addr: 127.0.0.1:{pd.bootstrap}\\)")
+
+
 def test_f5_prefill_restart_wedges_decode_until_decode_restarts(tmp_path: Path) -> None:
     """F5: after a prefill restart decode keeps the stale instance (requests 500, health 503) until restarted."""
     decode_env = {"SGLANG_SIM_SCENARIO": "prefill_replaced_decode_stale"}
@@ -120,7 +139,9 @@ def test_f5_prefill_restart_wedges_decode_until_decode_restarts(tmp_path: Path) 
         kill_group(pd.prefill)
         pd.prefill = _prefill(tmp_path, pd.bootstrap, WAIT, port=pd.prefill.port)
         wait_ready(pd.prefill)
-        assert pd.prefill.post("/v1/chat/completions", CHAT).status == 200  # prefill alone is fine
+        assert pd.prefill.get("/health").status == 200  # the prefill alone is fine
+        refused = pd.prefill.post("/v1/chat/completions", CHAT)  # a request without a room, as SGLang does
+        assert refused.status == 400 and b"without bootstrap room id" in refused.body
         assert pd.chat()[0] == 500
         pd.decode.wait_log(f"Could not fetch prefill parallel info from 127.0.0.1:{pd.bootstrap}")
         assert pd.decode.get("/health").status == 503

@@ -177,9 +177,10 @@ def test_pd_queue_stuck_on_decode_is_pd_transfer_wedge() -> None:
     assert kind_of(window, ctx(role="prefill"), NOW) == "decode_wedge"
 
 
-def prefill(idle_at: float | None = NOW, ok: bool = True) -> Observation:
-    """A prefill's progress reading, last idle at `idle_at` (None: busy all along)."""
-    return obs("progress", ok=ok, idle_at=idle_at)
+def prefill(idle_at: float | None = NOW, ok: bool = True, stalled_s: float = 0.0) -> Observation:
+    """A prefill's progress reading, last idle at `idle_at` (None: busy all along), its own work stalled
+    `stalled_s`."""
+    return obs("progress", ok=ok, idle_at=idle_at, stalled_s=stalled_s)
 
 
 def pd_ctx(*prefills: Observation | None) -> DiagnoseContext:
@@ -199,11 +200,9 @@ def test_pd_queue_stuck_with_every_prefill_idle_is_a_wedge_after_a_quarter_of_th
     "prefills",
     [
         pytest.param((), id="no prefill known"),
-        pytest.param((None,), id="prefill not serving"),
         pytest.param((prefill(idle_at=None),), id="prefill busy all along with a long prompt"),
         pytest.param((prefill(idle_at=NOW - 30),), id="prefill last idle before the freeze"),
         pytest.param((prefill(), prefill(idle_at=None)), id="one of two prefills busy"),
-        pytest.param((prefill(), prefill(ok=False)), id="one prefill's metrics unreadable"),
     ],
 )
 def test_pd_queue_stuck_without_idle_prefills_waits_the_full_window(
@@ -217,6 +216,31 @@ def test_pd_queue_stuck_without_idle_prefills_waits_the_full_window(
     assert (
         fault is not None and fault.kind == "pd_transfer_wedge" and fault.evidence["prefills_idle"] is False
     )
+
+
+@pytest.mark.parametrize(
+    "prefills",
+    [
+        pytest.param((None,), id="prefill not serving"),
+        pytest.param((prefill(), prefill(ok=False)), id="one prefill's metrics unreadable"),
+        pytest.param((prefill(idle_at=None, stalled_s=S.stall_after_s / 4),), id="prefill stalled"),
+    ],
+)
+def test_a_decode_waiting_for_kv_from_a_prefill_in_trouble_is_not_its_own_fault(
+    prefills: tuple[Observation | None, ...],
+) -> None:
+    """Real pair, prefill scheduler stopped: the decode's request waits for KV with its /health 200. The prefill
+    is the cause (its own rules judge it); the decode is not restarted, however long it waits."""
+    late = S.stall_after_s * 3
+    assert diagnose([stalled(late, pd_queue=1.0, pd_stalled_s=late)], pd_ctx(*prefills), NOW) is None
+
+
+def test_a_decode_whose_requests_all_wait_for_kv_is_no_decode_wedge() -> None:
+    """Nothing running, the live transfer queue holding the work: the transfer wedge's rule, not decode_wedge."""
+    late = S.stall_after_s + 1
+    window = [stalled(late, pd_queue=1.0, pd_stalled_s=late, running=0.0)]
+    fault = diagnose(window, pd_ctx(prefill(idle_at=None)), NOW)
+    assert fault is not None and fault.kind == "pd_transfer_wedge"
 
 
 @pytest.mark.parametrize("probe", ["canary_tool", "canary_reasoning", "config_check"])
