@@ -3,8 +3,12 @@
 - A decode fault restarts that decode only; a healthy prefill is left alone.
 - A decode whose requests wait for KV while a prefill is down or stalled waits too: the prefill is the cause
   (`prefill_blamed`), and SGLang fails the decode's requests bound to a dead prefill by itself (its heartbeat).
+- A prefill is relaunched only once its decodes have dropped the old one: SGLang's decode forgets a prefill after
+  `HEARTBEAT_MAX_FAILURE` missed heartbeats `HEARTBEAT_INTERVAL` s apart and keeps its endpoints otherwise, so a
+  prefill back within that window is never bootstrapped (found on the real pair: a planned restart with a 5 s drain
+  left the decode stale). The relaunch waits out the window (`relaunch_hold_s`) from the old tree's release.
 - A relaunched prefill proves the pair with its canary; only a pair that stays unproven with a decode up
-  restarts that decode (it kept the old prefill's endpoints). The real pair finds a replaced prefill anew.
+  restarts that decode (it kept the old prefill's endpoints after all).
 - The router is restarted only for its own fault; a unified server only for its own.
 - Start order: prefills before decodes, every worker before the routers, and explicit `depends_on`
   edges on top. Stop in the reverse order.
@@ -107,3 +111,16 @@ def prefill_blamed(prefills: Sequence[Observation | None], stall_after_s: float)
         if stalled >= stall_after_s * BLAME_FRACTION:
             return f"prefill {i} has had work in flight with no progress for {stalled:.0f}s"
     return ""
+
+
+def heartbeat_window_s(interval_s: float, max_failures: float) -> float:
+    """How long a prefill's bootstrap endpoint must stay dark for a decode to drop it surely: one beat to start
+    missing, then `max_failures` missed beats."""
+    return max(0.0, interval_s) * (max(1.0, max_failures) + 1)
+
+
+def relaunch_hold_s(released_at: float | None, window_s: float, now: float) -> float:
+    """Seconds a prefill's relaunch still waits (0: launch now; a first launch never waits)."""
+    if released_at is None:
+        return 0.0
+    return max(0.0, released_at + window_s - now)

@@ -102,6 +102,8 @@ async def serve(launch: Launch, hub: Hub | None = None) -> None:
     loop.add_signal_handler(signal.SIGTERM, crash.sigterm)
     loop.add_signal_handler(signal.SIGQUIT, crash.sigquit)
     tasks = [asyncio.create_task(warmup(launch, server)), asyncio.create_task(crash.subprocess_watchdog())]
+    if server.pd.mode == "decode":
+        tasks.append(asyncio.create_task(server.pd.heartbeat()))
     await asyncio.Event().wait()
     del tasks
 

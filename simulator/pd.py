@@ -2,9 +2,10 @@
 
 The router sends each request to both servers with `bootstrap_host/port/room`. The prefill runs it and marks the
 room transferred on its bootstrap server; the decode parks the request in its transfer queue until the room is
-transferred, then decodes. A decode finds a replaced prefill anew (SGLang's heartbeat drops one that was gone for two
-beats, real-pd.md); with the `prefill_replaced_decode_stale` fault it keeps waiting on the stale endpoints (failure
-H7) until it is restarted itself. A request without a bootstrap room is refused with SGLang's 400.
+transferred, then decodes. A decode's heartbeat forgets a prefill whose bootstrap server missed two beats (5 s
+apart), so a prefill replaced after that is found anew; one back sooner — or any, with the
+`prefill_replaced_decode_stale` fault — leaves the decode waiting on the stale endpoints (failure H7, real-pd.md)
+until it is restarted itself. A request without a bootstrap room is refused with SGLang's 400.
 """
 
 from __future__ import annotations
@@ -42,6 +43,37 @@ class PdSide:
         self.known_prefill: dict[str, str] = {}
         self.prefill_lost = False  # decode: the prefill it knows was replaced behind the same address
         self.waiting_timeout = float(os.environ.get("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "300"))
+
+    async def heartbeat(self) -> None:
+        """Decode side, as SGLang's heartbeat checker: every `SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL` s ask each
+        known prefill's bootstrap `/health`; after `…_HEARTBEAT_MAX_FAILURE` misses in a row forget it (its next
+        request finds the prefill anew). `prefill_replaced_decode_stale` stops the checker: the endpoints stay."""
+        interval = float(os.environ.get("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", "5"))
+        limit = int(os.environ.get("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", "2"))
+        misses: dict[str, int] = {}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
+            while True:
+                await asyncio.sleep(interval)
+                if self.faults.get("prefill_replaced_decode_stale"):
+                    continue
+                for addr in list(self.known_prefill):
+                    try:
+                        async with session.get(f"http://{addr}/health") as resp:
+                            ok = resp.status == 200
+                    except (TimeoutError, aiohttp.ClientError):
+                        ok = False
+                    if ok:
+                        misses[addr] = 0
+                        continue
+                    log(f"Attempting to reconnect to {addr}...")
+                    misses[addr] = misses.get(addr, 0) + 1
+                    if misses[addr] >= limit:
+                        misses.pop(addr)
+                        self.known_prefill.pop(addr, None)
+                        self.prefill_lost = False
+                        log(
+                            f"Lost connection with prefill instance (bootstrap_addr: {addr}), 0 requests affected"
+                        )
 
     def bootstrap_app(self) -> web.Application:
         """The prefill's KV bootstrap server."""
@@ -133,10 +165,6 @@ class PdSide:
             return False
         instance = str(data.get("instance", "")) if isinstance(data, dict) else ""
         known = self.known_prefill.setdefault(addr, instance)
-        if known != instance and not self.faults.get("prefill_replaced_decode_stale"):
-            # SGLang's heartbeat drops a prefill gone for two beats (5 s apart): a replaced one is found anew
-            log(f"Lost connection with prefill instance (bootstrap_addr: {addr}), 0 requests affected")
-            self.known_prefill[addr] = known = instance
         if known != instance:
             if not self.prefill_lost:
                 self.prefill_lost = True

@@ -74,6 +74,7 @@ class ServerOwner:
         self._incident: Incident | None = None
         self._detected: float | None = None  # monotonic: when the open incident was detected
         self._unproven = ""
+        self.released_at: float | None = None  # monotonic: when the last run was released (None: none yet)
         self._paused = False
         self._before_pause = S.STOPPED
         self._adopted: dict[str, Any] | None = None  # how this daemon came to own the run, when it adopted it
@@ -269,9 +270,10 @@ class ServerOwner:
         """The argv a launch is about to use (kept even if it cannot start, for incidents and status)."""
         self._argv = argv
 
-    def end_run(self) -> RunHandle | None:
-        """The run is released: forget it (the caller closes the handle)."""
+    def end_run(self, now: float) -> RunHandle | None:
+        """The run is released (at monotonic `now`): forget it (the caller closes the handle)."""
         run, self._run = self._run, None
+        self.released_at = now
         self.forget_previous_run()
         return run
 

@@ -7,15 +7,19 @@ its decode start together, and each proves the pair as soon as the other answers
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from policies.model import Observation
-from policies.pd import Role, restart_order
+from policies.pd import Role, heartbeat_window_s, relaunch_hold_s, restart_order
 from policies.states import ServerState
 from probes.pd_pair import PdPair
 from supervisor.loop.commands import Command
 from supervisor.loop.services import Peer, Services
+
+if TYPE_CHECKING:
+    from supervisor.loop.context import Loop
 
 S = ServerState
 PARTNER = {Role.PREFILL: Role.DECODE, Role.DECODE: Role.PREFILL}
@@ -68,3 +72,34 @@ def restart_followers(svc: Services, prefill: str, why: str, log: Any) -> None:
             reason = f"prefill {prefill} was relaunched and the pair is unproven ({why})"
             other.enqueue(Command("restart", reason, actor="supervisor"))
             log.info("pd.restart_decode", decode=name, prefill=prefill, why=why)
+
+
+def heartbeat_window(svc: Services) -> float:
+    """The longest time any decode of the deployment keeps a prefill whose bootstrap endpoint went dark (0 with
+    no decode up): SGLang's heartbeat settings from the decode's environment over the daemon's."""
+    windows = [0.0]
+    for peer in svc.loops.values():
+        if peer.cfg.role is Role.DECODE and peer.owner.state in LIVE:
+            env = {**os.environ, **peer.cfg.env}
+            try:
+                interval = float(env.get("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0))
+                failures = float(env.get("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2))
+            except ValueError:
+                interval, failures = 5.0, 2.0
+            windows.append(heartbeat_window_s(interval, failures))
+    return max(windows)
+
+
+async def hold_prefill_relaunch(loop: Loop) -> bool:
+    """A prefill relaunches once its decodes have surely dropped the old one (`policies.pd.relaunch_hold_s`);
+    False when the loop is stopping or was paused meanwhile (launch nothing)."""
+    if loop.cfg.role is not Role.PREFILL:
+        return True
+    window = heartbeat_window(loop.svc)
+    hold = relaunch_hold_s(loop.owner.released_at, window, loop.clock.monotonic())
+    if hold > 0:
+        why = f"holding the relaunch {hold:.0f}s: a decode drops the old prefill after {window:g}s of silence"
+        loop.owner.transition(S.STARTING, why)
+        loop.log.info("pd.relaunch_held", hold_s=round(hold, 1), window_s=window)
+        await loop.sleep_interruptible(hold)
+    return not loop.stopping and not loop.owner.paused

@@ -188,7 +188,7 @@ async def release_run(loop: Loop, mode: str, any_run_of: str | None = None) -> R
     loop.busy(0)
     loop.beat()
     loop.log.info("recovery.release", **report.to_json())
-    ended = owner.end_run()
+    ended = owner.end_run(loop.clock.monotonic())
     if ended is not None:
         ended.close()
     return report

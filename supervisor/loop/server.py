@@ -288,6 +288,8 @@ class ServerLoop:
         self.owner.transition(S.STARTING, "launching")
         if not await recovery.no_earlier_run(self):
             return Outcome()  # failed until an operator acts, or stopping: nothing launched
+        if not await pd_peers.hold_prefill_relaunch(self):
+            return Outcome()  # stopping or paused meanwhile: nothing launched
         held = await self.svc.host.foreign_port_holders(self.cfg)
         if held:
             return recovery.spawn_failure(

@@ -80,3 +80,34 @@ def test_a_decode_that_keeps_the_old_prefill_is_restarted_after_it(tmp_path: Pat
         assert "prefill" in str(after["decode"]["last_incident"]["reason"])
     finally:
         dep.cleanup()
+
+
+def test_a_planned_prefill_restart_waits_for_the_decode_to_drop_the_old_prefill(tmp_path: Path) -> None:
+    """`restart --server prefill`: the relaunch is held until the decode's heartbeat has surely dropped the old
+    prefill (SGLang's 5 s × (2 + 1)); the new prefill is proven through the pair and the decode keeps its PID."""
+    dep = PdDeployment(tmp_path)
+    try:
+        dep.start()
+        first = dep.wait_all(all_serving, what="all serving")
+        status, body = dep.post("/control/restart", {"server": "prefill", "reason": "test"}, token=dep.token)
+        assert status == 200, body
+        after = dep.wait_all(
+            lambda s: (
+                all_serving(s)
+                and s["prefill"]["pid"] != first["prefill"]["pid"]
+                and not s["prefill"]["unproven"]
+            ),
+            timeout=120,
+            what="prefill replaced and proven",
+        )
+        assert after["decode"]["pid"] == first["decode"]["pid"] and after["decode"]["restarts"] == 0
+        held = [
+            line
+            for line in (dep.root / "daemon.log").read_text().splitlines()
+            if '"pd.relaunch_held"' in line
+        ]
+        assert held and '"window_s": 15.0' in held[0]
+        decode_log = (dep.root / "log" / "decode.log").read_text()
+        assert "Lost connection with prefill instance" in decode_log
+    finally:
+        dep.cleanup()

@@ -18,7 +18,11 @@ GAUGE = (
     'sglang:num_decode_transfer_queue_reqs{model_name="Qwen/Qwen3-8B",engine_type="decode",'
     'tp_rank="0",pp_rank="0",moe_ep_rank="0"}'
 )
-WAIT = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "3", **FAST_CRASH}
+WAIT = {
+    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "3",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1",
+    **FAST_CRASH,
+}
 
 
 @dataclass
@@ -119,16 +123,31 @@ def test_f4_nixl_transfer_worker_assert_hangs_later_requests(tmp_path: Path) -> 
         assert pd.prefill.get("/health").status == 200 and pd.decode.get("/health").status == 200
 
 
-def test_a_replaced_prefill_is_found_anew_by_its_decode(tmp_path: Path) -> None:
-    """Without the fault the decode finds a relaunched prefill behind the same address (SGLang's heartbeat drops
-    the old one), as the real pair does: requests through the pair succeed with no decode restart."""
+def test_a_prefill_replaced_after_the_heartbeat_dropped_it_is_found_anew(tmp_path: Path) -> None:
+    """As on the real pair: the decode's heartbeat forgets a prefill whose bootstrap server missed two beats, and
+    finds the one relaunched after that behind the same address — no decode restart."""
     with pd_deployment(tmp_path) as pd:
+        assert pd.chat()[0] == 200
+        kill_group(pd.prefill)
+        pd.decode.wait_log(
+            f"Lost connection with prefill instance \\(bootstrap_addr: 127.0.0.1:{pd.bootstrap}\\)"
+        )
+        pd.prefill = _prefill(tmp_path, pd.bootstrap, WAIT, port=pd.prefill.port)
+        wait_ready(pd.prefill)
+        assert pd.chat()[0] == 200
+
+
+def test_a_prefill_back_within_the_heartbeat_leaves_the_decode_stale(tmp_path: Path) -> None:
+    """As on the real pair (a planned prefill restart with a short drain): a prefill back before the decode
+    missed two beats is never bootstrapped; the decode's requests wait for KV and fail (500)."""
+    slow = {"SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "30"}
+    with pd_deployment(tmp_path, decode_env=slow) as pd:
         assert pd.chat()[0] == 200
         kill_group(pd.prefill)
         pd.prefill = _prefill(tmp_path, pd.bootstrap, WAIT, port=pd.prefill.port)
         wait_ready(pd.prefill)
-        assert pd.chat()[0] == 200
-        pd.decode.wait_log(f"Lost connection with prefill instance \\(bootstrap_addr: 127.0.0.1:{pd.bootstrap}\\)")
+        assert pd.chat()[0] == 500
+        pd.decode.wait_log(f"Could not fetch prefill parallel info from 127.0.0.1:{pd.bootstrap}")
 
 
 def test_f5_prefill_restart_wedges_decode_until_decode_restarts(tmp_path: Path) -> None:

@@ -181,3 +181,11 @@ class Chats:
 
     def ok(self) -> int:
         return sum(1 for r in self.results if r[2] == 200)
+
+
+def pd_queue(url: str) -> float:
+    """A PD worker's live queue (prealloc + transfer on a decode) from `GET /v1/loads`."""
+    with urllib.request.urlopen(url + "/v1/loads", timeout=30) as resp:
+        loads = json.loads(resp.read())["loads"]
+    keys = ("decode_prealloc_queue_reqs", "decode_transfer_queue_reqs")
+    return float(sum((rank.get("disaggregation") or {}).get(k, 0) for rank in loads for k in keys))

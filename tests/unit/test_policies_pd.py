@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.pd import Role, restart_order, start_order
+from policies.pd import Role, heartbeat_window_s, relaunch_hold_s, restart_order, start_order
 
 ROLES = {"router": Role.ROUTER, "decode": Role.DECODE, "prefill": Role.PREFILL}
 
@@ -53,3 +53,15 @@ def test_start_order_rejects_cycles_and_unknown_names() -> None:
         start_order(roles, {"a": ["z"]})
     with pytest.raises(ValueError, match="cycle"):
         start_order(ROLES, {"prefill": ["decode"]})
+
+
+def test_the_heartbeat_window_is_one_beat_to_start_missing_and_the_misses() -> None:
+    """SGLang's defaults (5 s, 2 misses): a prefill dark for 15 s has surely been dropped by its decode."""
+    assert heartbeat_window_s(5.0, 2) == 15.0
+    assert heartbeat_window_s(5.0, 0) == 10.0 and heartbeat_window_s(-1.0, 2) == 0.0
+
+
+def test_a_prefill_relaunch_waits_out_the_window_from_the_release() -> None:
+    assert relaunch_hold_s(None, 15.0, 100.0) == 0.0  # a first launch never waits
+    assert relaunch_hold_s(100.0, 15.0, 105.0) == 10.0
+    assert relaunch_hold_s(100.0, 15.0, 130.0) == 0.0
