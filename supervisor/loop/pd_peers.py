@@ -27,8 +27,12 @@ LIVE = (S.STARTING, S.SERVING, S.DEGRADED)
 
 
 def _up(peer: Peer) -> bool:
-    health = peer.latest_health()
-    return peer.owner.state in LIVE and health is not None and health.ok
+    """The peer's current launch answered its newest `/health` with 200 (a reading of an earlier launch, kept
+    while the next one starts, does not count)."""
+    health, owner = peer.latest_health(), peer.owner
+    if owner.state not in LIVE or owner.run is None or health is None:
+        return False
+    return health.ok and health.at >= owner.started_at
 
 
 def pair(svc: Services, name: str) -> PdPair | None:
@@ -75,11 +79,11 @@ def restart_followers(svc: Services, prefill: str, why: str, log: Any) -> None:
 
 
 def heartbeat_window(svc: Services) -> float:
-    """The longest time any decode of the deployment keeps a prefill whose bootstrap endpoint went dark (0 with
-    no decode up): SGLang's heartbeat settings from the decode's environment over the daemon's."""
+    """The longest time any decode that is up keeps a prefill whose bootstrap endpoint went dark (0 with none up:
+    a decode relaunching knows no prefill): SGLang's heartbeat settings from its environment over the daemon's."""
     windows = [0.0]
     for peer in svc.loops.values():
-        if peer.cfg.role is Role.DECODE and peer.owner.state in LIVE:
+        if peer.cfg.role is Role.DECODE and _up(peer):
             env = {**os.environ, **peer.cfg.env}
             try:
                 interval = float(env.get("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0))
