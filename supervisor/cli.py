@@ -204,9 +204,10 @@ def cmd_check(path: Path, manifest: Path | None = None) -> int:
 
 def check_target_flags(cfg: Config) -> list[str]:
     """Launch args and ladder flags each server's own SGLang rejects (learned from its `--help`)."""
+    from policies import argv
     from policies.flagcompat import check_ladders, rejected
     from policies.pd import Role
-    from supervisor.host.flaghelp import HelpUnavailable, target_flags
+    from supervisor.host.flaghelp import HelpUnavailable, missing_transfer_module, target_flags
 
     state = Path(cfg.supervisor.state_dir) / "flagcache"
     cache = state if os.access(state.parent if state.parent.exists() else Path("/"), os.W_OK) else None
@@ -224,6 +225,14 @@ def check_target_flags(cfg: Config) -> list[str]:
             for flag in rejected(server.args, flags)
         ]
         problems += [f"servers[{i}].policy.{line}" for line in check_ladders(server.ladders, flags)]
+        if server.role in (Role.PREFILL, Role.DECODE):
+            backend = argv.value(server.args, "--disaggregation-transfer-backend") or "mooncake"
+            module = missing_transfer_module(list(server.command), backend)
+            if module:
+                problems.append(
+                    f"servers[{i}].args: --disaggregation-transfer-backend {backend} needs the {module!r} module, "
+                    f"which {server.command[0]} cannot import (SGLang exits at start)"
+                )
     return problems
 
 

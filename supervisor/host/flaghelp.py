@@ -158,3 +158,17 @@ def target_flags(
     with contextlib.suppress(OSError):
         _write_cache(path, key, command, flags)
     return flags
+
+
+TRANSFER_MODULES = {"mooncake": "mooncake", "mooncake_tcp": "mooncake", "nixl": "nixl"}  # backend → import
+
+
+def missing_transfer_module(command: Sequence[str], backend: str, timeout_s: float = 60.0) -> str | None:
+    """The module SGLang imports at start for PD `backend` when the target's interpreter cannot find it (None when
+    it can, when the backend needs none we know of, or when the command is not a python running SGLang)."""
+    module = TRANSFER_MODULES.get(backend)
+    if module is None or "sglang.launch_server" not in command or "python" not in Path(command[0]).name:
+        return None
+    script = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 3)"
+    done = _run([command[0], "-c", script], timeout_s)
+    return module if isinstance(done, _Done) and done.returncode == 3 else None

@@ -99,3 +99,29 @@ def test_cuda_graph_max_bs_is_rejected(real_flags: FlagSet, real_parse: dict[str
     """`--cuda-graph-max-bs` is rejected by the real parser (ambiguous) and by our reading of its --help."""
     assert "ambiguous" in real_parse["results"]["old"]
     assert rejected(OLD_ARGV, real_flags) == ["--cuda-graph-max-bs"]
+
+
+def test_check_config_names_a_transfer_backend_the_interpreter_cannot_import(
+    real_python: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A PD decode on the real SGLang without Mooncake installed (this venv has none): SGLang would exit at start
+    importing it, so check-config exits 78 naming the module and the field of each PD server."""
+    from supervisor.cli import main
+
+    def config(backend: str) -> Path:
+        text = (ROOT / "examples" / "pd-1p1d.toml").read_text()
+        text = text.replace("/opt/sglang/.venv/bin/python", str(real_python))
+        text = text.replace("/var/lib/sglang-supervisor", str(tmp_path / "state"))
+        text = text.replace("/var/log/sglang-supervisor", str(tmp_path / "log"))
+        text = text.replace(
+            '"--disaggregation-mode", "decode",',
+            f'"--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "{backend}",',
+        )
+        path = tmp_path / f"{backend}.toml"
+        path.write_text(text)
+        return path
+
+    assert main(["check-config", "--config", str(config("mooncake"))]) == 78
+    err = capsys.readouterr().err
+    assert "servers[1].args: --disaggregation-transfer-backend mooncake needs the 'mooncake' module" in err
+    assert "servers[0].args: --disaggregation-transfer-backend mooncake" in err  # the default, on the prefill
