@@ -82,7 +82,7 @@ class MonitorSpec:
     server: str
     role: str
     base_url: str
-    pd_pair: Callable[[], PdPair | None]
+    pd_pair: Callable[[], PdPair | None] | None  # a PD worker's: the pair its canaries go through
     model: str
     settings: ProbeSettings
     tree: Callable[[], TreeView]

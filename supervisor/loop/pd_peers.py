@@ -26,6 +26,11 @@ PARTNER = {Role.PREFILL: Role.DECODE, Role.DECODE: Role.PREFILL}
 LIVE = (S.STARTING, S.SERVING, S.DEGRADED)
 
 
+def is_worker(role: Role) -> bool:
+    """A prefill or a decode: its canaries go through a pair."""
+    return role in PARTNER
+
+
 def _up(peer: Peer) -> bool:
     """The peer's current launch answered its newest `/health` with 200 (a reading of an earlier launch, kept
     while the next one starts, does not count)."""

@@ -144,7 +144,9 @@ class Watch:
             server=loop.name,
             role=loop.cfg.role.value,
             base_url=base,
-            pd_pair=lambda: pd_peers.pair(loop.svc, loop.name),
+            pd_pair=(lambda: pd_peers.pair(loop.svc, loop.name))
+            if pd_peers.is_worker(loop.cfg.role)
+            else None,
             model=model_name(loop.owner.argv[len(loop.cfg.command) :], loop.cfg.model_path),
             settings=self.settings,
             tree=self.tree_view,

@@ -20,6 +20,7 @@ from probes.gpu_probe import GpuWatch
 from probes.health import probe_health
 from probes.logwatch import LogWatch
 from probes.monitor import ROUTINE_KEEP_S, Monitor
+from probes.pd_pair import PdPair
 from probes.progress import ProgressTracker, parse_metrics, progress_counters
 from probes.stacks import classify, observe_ranks, parse_dump
 from tests.support.ports import free_port
@@ -325,6 +326,7 @@ class FakeServer:
         self.plain_body: bytes = json.dumps(KIMI_NON_STREAM).encode()
         self.metrics = metrics(active=0)
         self.requests: list[str] = []
+        self.rooms: list[object] = []  # the bootstrap room of each chat request (None without one)
 
     async def health(self, request: web.Request) -> web.Response:
         self.requests.append("/health")
@@ -334,6 +336,7 @@ class FakeServer:
     async def chat(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append("/v1/chat/completions")
+        self.rooms.append(body.get("bootstrap_room"))
         if body.get("stream"):
             return web.Response(body=self.stream_body, content_type="text/event-stream")
         return web.Response(body=self.plain_body, content_type="application/json")
@@ -541,5 +544,30 @@ async def test_the_loop_sleeps_until_a_probe_is_due_or_one_in_flight_finishes(
             await asyncio.wait_for(monitor.ready.wait(), 10)
             seen |= {o.probe for o in await monitor.tick(now + 0.6)}
             assert not monitor.ready.is_set(), "the tick took what woke it"
+    finally:
+        await monitor.aclose()
+
+
+async def test_a_pd_workers_canary_waits_for_a_partner_and_then_goes_through_the_pair(
+    fake: tuple[FakeServer, str],
+) -> None:
+    """A decode with no prefill up sends no canary (re-checked every PAIR_RETRY_S); once one is, the canary goes
+    to the decode with the prefill's bootstrap endpoint and a room, and the same request to the prefill."""
+    server, url = fake
+    settings = ProbeSettings(expected_tool_parser="kimi_k2", canary_timeout_s=5, health_timeout_s=5)
+    partner: list[PdPair] = []
+    monitor = Monitor(
+        server="d", role="decode", base_url=url, model="m", settings=settings, tree=TreeView, gpu=None,
+        log_lines=list, pids_for_stacks=dict, pd_pair=lambda: partner[0] if partner else None,
+    )  # fmt: skip
+    try:
+        await _drive_fake_time(monitor, 10, 1.0)
+        assert "canary_tool" not in monitor.snapshot()["probes"]
+        assert not any(path == "/v1/chat/completions" for path in server.requests)
+        partner.append(PdPair(url, url, "127.0.0.1", 8998))
+        await _drive_fake_time(monitor, 30, 1.0)  # the synthetic clock starts again from now
+        assert monitor.snapshot()["probes"]["canary_tool"]["values"]["verdict"] == "pass"
+        assert len(server.rooms) >= 4 and all(isinstance(room, int) for room in server.rooms)
+        assert len(server.rooms) == 2 * len(set(server.rooms))  # each room sent to both sides
     finally:
         await monitor.aclose()
