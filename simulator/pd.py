@@ -42,6 +42,8 @@ class PdSide:
         self.worker_dead = False
         self.known_prefill: dict[str, str] = {}
         self.prefill_lost = False  # decode: the prefill it knows was replaced behind the same address
+        self.waiting: dict[str, set[str]] = {}  # decode: rooms parked for KV, by prefill bootstrap address
+        self.failed: set[str] = set()  # decode: parked rooms whose prefill was lost (they end with a 500)
         self.waiting_timeout = float(os.environ.get("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "300"))
 
     async def heartbeat(self) -> None:
@@ -71,8 +73,11 @@ class PdSide:
                         misses.pop(addr)
                         self.known_prefill.pop(addr, None)
                         self.prefill_lost = False
+                        affected = self.waiting.pop(addr, set())
+                        self.failed |= affected
                         log(
-                            f"Lost connection with prefill instance (bootstrap_addr: {addr}), 0 requests affected"
+                            f"Lost connection with prefill instance (bootstrap_addr: {addr}), "
+                            f"{len(affected)} requests affected"
                         )
 
     def bootstrap_app(self) -> web.Application:
@@ -133,10 +138,13 @@ class PdSide:
         addr = f"{host}:{port}"
         wedged = self.faults.check("pd_decode_transfer_wedge")
         self.engine.parked += 1  # live in /v1/loads; the gauges wait for the next batch's stats
+        self.waiting.setdefault(addr, set()).add(room)
         try:
             deadline = time.monotonic() + self.waiting_timeout
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
                 while time.monotonic() < deadline:
+                    if room in self.failed:
+                        return _lost(room, addr)
                     if not wedged and await self._kv_arrived(session, addr, room):
                         return None
                     await asyncio.sleep(0.05)
@@ -156,6 +164,8 @@ class PdSide:
             )
         finally:
             self.engine.parked -= 1
+            self.waiting.get(addr, set()).discard(room)
+            self.failed.discard(room)
 
     async def _kv_arrived(self, session: aiohttp.ClientSession, addr: str, room: str) -> bool:
         try:
@@ -171,3 +181,13 @@ class PdSide:
                 log(f"Could not fetch prefill parallel info from {addr}")
             return False
         return resp.status == 200
+
+
+def _lost(room: str, addr: str) -> web.Response:
+    """A parked request whose prefill the heartbeat dropped: SGLang fails it with a 500."""
+    message = f"KVTransferError(bootstrap_room={room}): Lost connection with prefill instance (bootstrap_addr: {addr})"
+    log(
+        f"Decode transfer failed for request rank=0 decode_req.req.bootstrap_room={room} with exception {message}"
+    )
+    error = {"object": "error", "message": message, "type": "500", "param": None, "code": 500}
+    return web.json_response(error, status=500)

@@ -62,12 +62,21 @@ def awaiting(svc: Services, name: str) -> str:
     return PARTNER[me.cfg.role].value
 
 
-def prefills(svc: Services, name: str) -> tuple[Observation | None, ...]:
-    """A decode: each prefill's newest progress observation (None for one not serving); others: none."""
+def prefills(svc: Services, name: str, now: float) -> tuple[Observation | None, ...]:
+    """A decode: each prefill's newest progress observation; None for one not serving, or serving for less than
+    the decode's stall window (requests the decode parked before it came back are bound to the prefill before it:
+    SGLang fails them by itself once its heartbeat drops that one). Others: none."""
     me = svc.loops.get(name)
     if me is None or me.cfg.role is not Role.DECODE:
         return ()
-    return tuple(p.latest_progress() for p in svc.loops.values() if p.cfg.role is Role.PREFILL)
+    window = me.cfg.probes.stall_after_s
+    out: list[Observation | None] = []
+    for peer in svc.loops.values():
+        if peer.cfg.role is Role.PREFILL:
+            since = peer.owner.serving_since
+            settled = since is not None and now - since >= window
+            out.append(peer.latest_progress() if settled else None)
+    return tuple(out)
 
 
 def restart_followers(svc: Services, prefill: str, why: str, log: Any) -> None:

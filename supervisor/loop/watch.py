@@ -231,7 +231,7 @@ class Watch:
             phase=owner.state.value if owner.state in (S.STARTING, S.SERVING, S.DEGRADED) else "serving",
             started_at=owner.started_at,
             settings=self.settings,
-            prefills=pd_peers.prefills(loop.svc, loop.name),
+            prefills=pd_peers.prefills(loop.svc, loop.name, now),
             awaiting=pd_peers.awaiting(loop.svc, loop.name),
         )
         tree = TreeFacts(

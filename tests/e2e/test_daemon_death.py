@@ -54,14 +54,17 @@ def test_daemon_sigkilled_mid_recovery_and_restarted(tmp_path: Path, step: str) 
 
 
 def test_daemon_sigkilled_during_a_pd_ordered_restart(tmp_path: Path) -> None:
-    """SIGKILL while a relaunched prefill's decode restart is under way: the new daemon brings all three back once."""
-    dep = PdDeployment(tmp_path)
+    """SIGKILL while a relaunched prefill's decode restart is under way (the decode kept the old prefill's
+    endpoints: `prefill_replaced_decode_stale`): the new daemon brings all three back once."""
+    dep = PdDeployment(tmp_path, decode_env={"SGLANG_SIM_SCENARIO": "prefill_replaced_decode_stale"})
     try:
         daemon = dep.start()
         first = dep.wait_all(lambda s: all(v["state"] == "serving" for v in s.values()), what="all serving")
         os.kill(first["prefill"]["pid"], signal.SIGKILL)
         dep.wait_all(
-            lambda s: _events(dep, "pd.restart_decode") >= 1, timeout=120, what="the ordered restart"
+            lambda s: s["prefill"]["pid"] != first["prefill"]["pid"] and s["decode"]["state"] != "serving",
+            timeout=180,
+            what="the decode's restart after the prefill's",
         )
         os.killpg(daemon.pid, signal.SIGKILL)
         daemon.wait(timeout=10)

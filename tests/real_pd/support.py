@@ -30,6 +30,9 @@ COMMON = [
 PREFILL_CPU = ["--disable-overlap-schedule"]  # two CUDA-only calls otherwise (real-pd.md)
 DECODE_CPU = ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
 MOONCAKE_ENV = {"SGLANG_HOST_IP": "127.0.0.1", "MOONCAKE_PROTOCOL": "tcp", "MC_FORCE_TCP": "1"}
+# The real tier's fast probes, scraping every 2 s and asking /health every 5 s: two real servers answer them beside
+# make test's parallel workers (a scrape with work in flight still comes every 1-2 s, policies unchanged).
+PD_PROBES = {**PROBES, "metrics_period_s": 2, "health_period_s": 5}
 
 
 @dataclass
@@ -79,7 +82,7 @@ class RealPdDeployment(Deployment):
                 "[servers.env]",
                 *(f"{k} = {q(v)}" for k, v in {**env, **own}.items()),
                 "[servers.probes]",
-                *(f"{k} = {json.dumps(v)}" for k, v in {**PROBES, **self.probes}.items()),
+                *(f"{k} = {json.dumps(v)}" for k, v in {**PD_PROBES, **self.probes}.items()),
             ]
         self.config_path.write_text("\n".join(lines) + "\n")
 
