@@ -58,6 +58,8 @@ def test_a_relaunched_prefill_proves_the_pair_and_keeps_its_decode(tmp_path: Pat
         assert canary["ok"] and not after["prefill"]["unproven"], canary
         assert after["decode"]["pid"] == first["decode"]["pid"] and after["decode"]["restarts"] == 0
         assert after["decode"]["fallback"]["rung"] == 0
+        log = (dep.root / "daemon.log").read_text()
+        assert '"pd.restart_decode"' not in log, "the decode was not sent after the prefill"
         assert after["router"]["pid"] == first["router"]["pid"]
     finally:
         dep.cleanup()

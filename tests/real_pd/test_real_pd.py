@@ -90,7 +90,7 @@ def test_a_stopped_prefill_is_restarted_and_the_waiting_decode_left_alone(pd: Re
     fault = after["prefill"]["last_incident"]
     assert fault["detected_at"] - stopped_at < 60, fault
     assert after["decode"]["pid"] == decode_pid and after["decode"]["restarts"] == first["decode"]["restarts"]
-    assert after["decode"]["fallback"]["rung"] == 0
+    assert after["decode"]["fallback"]["rung"] == 0 and not pd.events("pd.restart_decode")
     wait_for(lambda: pd_queue(pd.urls["decode"]) == 0, 60, "the decode's queue drained")
     ready(pd, "after")
 
@@ -148,4 +148,5 @@ def test_a_planned_prefill_restart_keeps_the_decode(pd: RealPdDeployment) -> Non
     )
     assert after["decode"]["pid"] == first["decode"]["pid"]
     assert after["decode"]["restarts"] == first["decode"]["restarts"]
+    assert not pd.events("pd.restart_decode")
     ready(pd, "after")
