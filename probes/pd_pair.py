@@ -8,15 +8,13 @@ needed, and the canary proves this very pair.
 
 The decode's PD queue gauges on `/metrics` are written only with a batch's stats: a request parked waiting for
 its KV with nothing running leaves them at 0 (real-pd.md §4a). `GET /v1/loads` is published by the scheduler's
-loop, so its `disaggregation` queues are live: the probe reads them beside `/metrics` — while the snapshot's
-`timestamp` is fresh (a stopped scheduler publishes no more).
+loop, so its `disaggregation` queues are live: the probe reads them beside `/metrics`.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +23,6 @@ import aiohttp
 from probes.base import auth_headers, read_capped
 
 LOADS_MAX_BYTES = 256 * 1024
-STALE_SNAPSHOT_S = 10.0  # a rank's load snapshot older than this: its scheduler stopped publishing (frozen)
 PD_LOAD_QUEUES = {
     "decode": ("decode_prealloc_queue_reqs", "decode_transfer_queue_reqs"),
     "prefill": ("prefill_bootstrap_queue_reqs", "prefill_inflight_queue_reqs"),
@@ -77,9 +74,7 @@ async def prefill_half(
 async def pd_loads(
     session: aiohttp.ClientSession, base_url: str, role: str, timeout_s: float, api_key: str | None
 ) -> PdLoads | None:
-    """`GET /v1/loads` of a PD worker: its live PD queue and running requests (None when not readable, or when a
-    rank's snapshot is older than `STALE_SNAPSHOT_S`: a stopped scheduler leaves its last one, which is no longer
-    live — found on the real decode, whose frozen snapshot still showed a request waiting for KV)."""
+    """`GET /v1/loads` of a PD worker: its live PD queue and running requests (None when not readable)."""
     names = PD_LOAD_QUEUES.get(role)
     if names is None:
         return None
@@ -100,8 +95,6 @@ async def pd_loads(
         loads = json.loads(raw).get("loads")
         queue = running = 0.0
         for rank in loads:
-            if time.time() - float(rank.get("timestamp") or 0) > STALE_SNAPSHOT_S:
-                return None
             pd = rank.get("disaggregation") or {}
             queue += sum(float(pd.get(n) or 0) for n in names)
             running += float(rank.get("num_running_reqs") or 0)

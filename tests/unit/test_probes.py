@@ -20,7 +20,7 @@ from probes.gpu_probe import GpuWatch
 from probes.health import probe_health
 from probes.logwatch import LogWatch
 from probes.monitor import ROUTINE_KEEP_S, Monitor
-from probes.pd_pair import PdLoads, PdPair, pd_loads
+from probes.pd_pair import PdPair
 from probes.progress import ProgressTracker, parse_metrics, progress_counters
 from probes.stacks import classify, observe_ranks, parse_dump
 from tests.support.ports import free_port
@@ -571,30 +571,3 @@ async def test_a_pd_workers_canary_waits_for_a_partner_and_then_goes_through_the
         assert len(server.rooms) == 2 * len(set(server.rooms))  # each room sent to both sides
     finally:
         await monitor.aclose()
-
-
-async def test_a_pd_workers_live_queue_is_read_only_from_a_fresh_load_snapshot() -> None:
-    """`/v1/loads` queues are live while the scheduler publishes; a stopped one leaves its last snapshot (the
-    real decode's showed a request waiting for KV for ever): an old `timestamp` reads as no reading."""
-    stamp = [time.time()]
-
-    async def loads(request: web.Request) -> web.Response:
-        pd = {"decode_prealloc_queue_reqs": 1, "decode_transfer_queue_reqs": 2}
-        rank = {"timestamp": stamp[0], "num_running_reqs": 3, "disaggregation": pd}
-        return web.json_response({"loads": [rank]})
-
-    app = web.Application()
-    app.router.add_get("/v1/loads", loads)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    try:
-        async with aiohttp.ClientSession() as session:
-            assert await pd_loads(session, url, "decode", 5, None) == PdLoads(3.0, 3.0)
-            stamp[0] -= 60
-            assert await pd_loads(session, url, "decode", 5, None) is None
-            assert await pd_loads(session, url, "unified", 5, None) is None
-    finally:
-        await runner.cleanup()
