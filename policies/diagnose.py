@@ -55,17 +55,16 @@ from policies.model import (
     stacks_values,
 )
 from policies.pause import pause_overrun, paused_engine
-from policies.pd import prefill_blamed, prefills_idle
+from policies.pd import prefill_blamed, prefills_idle, waits_for_kv
 from policies.window import Window
 
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95})
 STRONG_STALL_FRACTION = 0.25  # of stall_after_s: a stall this long with strong hang evidence is a hang
 # waiting for its own kernels or for requests is not a hang, however long it lasts
-NOT_BLOCKING = frozenset({"recv_requests", "synchronize", "paused"})
+NOT_BLOCKING = frozenset({"recv_requests", "synchronize", "paused", "pd_poll"})
+IDLE_FRAMES = ("recv_requests", "paused", "pd_poll")  # not a hang even after the full stall window
 CRASH_XIDS = frozenset({13, 31, 43})
-FROZEN_COVER_S = (
-    2.0  # the ranks probe reads every second: a freeze seen this soon after a /health began covers it
-)
+FROZEN_COVER_S = 2.0  # the ranks probe reads every second: a freeze seen this soon after a /health covers it
 
 
 @dataclass(frozen=True)
@@ -185,6 +184,8 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
     progress = _stalled(w, ctx, STRONG_STALL_FRACTION)
     if progress is None:
         return None
+    if waits_for_kv(ctx.role, progress) and prefill_blamed(ctx.prefills, ctx.settings.stall_after_s, now):
+        return None  # the prefill's own rules judge it (its stopped scheduler parks the decode's requests)
     full = _stalled(w, ctx) is not None
     pv = progress_values(progress)
     stall = {"stalled_s": pv.get("stalled_s"), "work": pv.get("work_reasons")}
@@ -215,7 +216,7 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
             )
         all_in = sv.get("all_in")
         blocking = all_in is not None and all_in not in NOT_BLOCKING
-        if blocking or (full and all_in and all_in not in ("recv_requests", "paused")):
+        if blocking or (full and all_in and all_in not in IDLE_FRAMES):
             return make_fault(
                 "collective_hang",
                 f"every rank blocked in {all_in} with no progress",
@@ -246,7 +247,7 @@ def _pd_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
         return None
     v = progress_values(progress)
     pd_stalled = float(v.get("pd_stalled_s", 0.0))
-    if pd_stalled and prefill_blamed(ctx.prefills, ctx.settings.stall_after_s):
+    if pd_stalled and prefill_blamed(ctx.prefills, ctx.settings.stall_after_s, now):
         return None  # the prefill's own rules judge it; its requests fail here once it is gone
     idle = prefills_idle(ctx.prefills, since=progress.at - pd_stalled)
     if pd_stalled < ctx.settings.stall_after_s * (STRONG_STALL_FRACTION if idle else 1.0):
@@ -267,8 +268,8 @@ def _decode_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     progress = _stalled(w, ctx)
     if progress is not None:
         v = progress_values(progress)
-        if ctx.role == "decode" and v.get("pd_queue") and not v.get("running"):
-            return None  # every request waits for its KV: the transfer wedge's rule judges that
+        if waits_for_kv(ctx.role, progress):
+            return None  # the transfer wedge's rule judges that
         stacks = w.latest("stacks")
         return make_fault(
             "decode_wedge",

@@ -96,21 +96,30 @@ def prefills_idle(prefills: Sequence[Observation | None], since: float) -> bool:
 
 
 BLAME_FRACTION = 0.25  # of the stall window: a prefill stalled this long explains a decode's wait for KV
+STALE_FRACTION = 0.5  # of the stall window: a prefill's newest reading this old no longer vouches for it
 
 
-def prefill_blamed(prefills: Sequence[Observation | None], stall_after_s: float) -> str:
+def prefill_blamed(prefills: Sequence[Observation | None], stall_after_s: float, now: float) -> str:
     """Why a decode's wait for KV is a prefill's fault ('' when no prefill explains it): a prefill not serving,
-    its metrics unreadable, or its own work stalled for a quarter of the stall window (real-pd.md §4a: a
-    stopped prefill scheduler parks the decode's request with `/health` 200 on the decode)."""
+    its metrics unreadable or not read for half the stall window, or its own work stalled for a quarter of it
+    (real-pd.md §4a: a stopped prefill scheduler parks the decode's request with `/health` 200 on the decode)."""
     for i, obs in enumerate(prefills):
         if obs is None:
             return f"prefill {i} is not serving"
         if not obs.ok:
             return f"prefill {i}'s metrics are unreadable"
+        if now - obs.at >= stall_after_s * STALE_FRACTION:
+            return f"prefill {i}'s metrics were last read {now - obs.at:.0f}s ago"
         stalled = float(progress_values(obs).get("stalled_s", 0.0))
         if stalled >= stall_after_s * BLAME_FRACTION:
             return f"prefill {i} has had work in flight with no progress for {stalled:.0f}s"
     return ""
+
+
+def waits_for_kv(role: str, progress: Observation) -> bool:
+    """A decode whose every request waits for its KV: nothing of its own runs, so nothing of its own can hang."""
+    v = progress_values(progress)
+    return role == Role.DECODE and bool(v.get("pd_queue")) and not v.get("running")
 
 
 def heartbeat_window_s(interval_s: float, max_failures: float) -> float:

@@ -59,6 +59,7 @@ from probes.stacks import observe_ranks, probe_stacks
 from probes.stream_canary import stream_canary
 
 LOCAL_PERIOD_S, CANARY_RETRY_S, PAIR_RETRY_S = 1.0, 15.0, 2.0
+SIDE_READ_S = 5.0  # /ready, /ping, /v1/loads beside a scrape (a real /ready hung 62 s on a stopped scheduler)
 STARTUP_HEALTH_PERIOD_S = 0.5
 BUSY_SCRAPE_S = 2.0
 SUSPECT_SCRAPE_S = 1.0
@@ -357,8 +358,8 @@ class Monitor:
             start = time.monotonic()
             (samples, error, latency), (ready, ping), live = await asyncio.gather(
                 scrape,
-                ready_and_ping(session, self.base_url, s.health_timeout_s, s.api_key),
-                pd_loads(session, self.base_url, self.role, s.health_timeout_s, s.api_key),
+                ready_and_ping(session, self.base_url, min(s.health_timeout_s, SIDE_READ_S), s.api_key),
+                pd_loads(session, self.base_url, self.role, min(s.health_timeout_s, SIDE_READ_S), s.api_key),
             )
             engine = self._engine.update(samples, ready, ping, time.monotonic(), time.monotonic() - start)
             paused = bool(engine_values(engine).get("paused"))

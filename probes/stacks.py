@@ -33,15 +33,20 @@ COLLECTIVES = (
 )
 IDLE = "recv_requests"
 PAUSED = "paused"
+PD_POLL = "pd_poll"
 # Frames that say where a scheduler is, whatever it calls inside them: SGLang's paused event loop
 # (`_record_scheduler_state_for_paused_engine`), and the request intake, whose broadcast of new requests across
 # the TP ranks runs every iteration even at tp 1 and waits for no peer's forward (rl-pause.md: a paused
-# scheduler caught there was read as a blocking collective).
+# scheduler caught there was read as a blocking collective), and a PD worker's poll of its KV transfers, whose
+# all-reduce of the poll states runs every iteration too (real-pd.md: a decode waiting for a stopped prefill's KV
+# was caught there and read as a collective hang).
 CONTEXT = (
     ("_record_scheduler_state_for_paused_engine", PAUSED),
     ("ingest_requests", IDLE),
     ("recv_requests", IDLE),
     ("_broadcast_reqs_across_ranks", IDLE),
+    *((name, PD_POLL) for name in ("poll_and_all_reduce", "poll_and_all_reduce_attn_cp_tp_group")),
+    *((name, PD_POLL) for name in ("poll_and_all_reduce_with_staging", "poll_and_all_reduce_prefill_pp")),
 )
 # /proc state letters of a process that runs nothing until resumed: stopped (SIGSTOP), uninterruptible sleep.
 # `t` (traced) is left out: py-spy stops a rank for a moment while it reads its stack.

@@ -235,6 +235,37 @@ def test_a_decode_waiting_for_kv_from_a_prefill_in_trouble_is_not_its_own_fault(
     assert diagnose([stalled(late, pd_queue=1.0, pd_stalled_s=late)], pd_ctx(*prefills), NOW) is None
 
 
+def test_a_prefill_not_read_for_half_the_window_cannot_vouch_for_itself() -> None:
+    """Real pair: a stopped prefill's /ready hung a minute and its lease was read late; a reading that old does
+    not clear the prefill, so the decode waiting for its KV is not taken for the culprit."""
+    late = S.stall_after_s * 3
+    old = obs("progress", at=NOW - S.stall_after_s / 2, idle_at=None, stalled_s=0.0)
+    assert diagnose([stalled(late, pd_queue=1.0, pd_stalled_s=late)], pd_ctx(old), NOW) is None
+    fresh = obs("progress", at=NOW - 1, idle_at=None, stalled_s=0.0)
+    fault = diagnose([stalled(late, pd_queue=1.0, pd_stalled_s=late)], pd_ctx(fresh), NOW)
+    assert fault is not None and fault.kind == "pd_transfer_wedge"
+
+
+def test_a_decode_waiting_for_a_stalled_prefill_is_no_collective_hang() -> None:
+    """Real pair, prefill scheduler stopped: the decode's scheduler sits in its loop (caught in any frame, here
+    a collective) with every request waiting for KV; strong stack evidence does not make it the culprit."""
+    early = S.stall_after_s / 4 + 1
+    window = [stalled(early, pd_queue=1.0, pd_stalled_s=early, running=0.0), stacks({"TP0": "broadcast"})]
+    blamed = prefill(idle_at=None, stalled_s=early)
+    assert diagnose(window, pd_ctx(blamed), NOW) is None
+    running = [stalled(early, pd_queue=1.0, pd_stalled_s=early, running=2.0), stacks({"TP0": "broadcast"})]
+    fault = diagnose(running, pd_ctx(blamed), NOW)
+    assert fault is not None and fault.kind == "collective_hang"
+
+
+def test_a_decode_polling_its_transfers_is_not_blocked_in_a_collective() -> None:
+    """A rank caught in the all-reduce of its KV poll states is in its loop, even after the whole window."""
+    late = S.stall_after_s + 1
+    window = [stalled(late, pd_queue=1.0, pd_stalled_s=late, running=0.0), stacks({"TP0": "pd_poll"})]
+    fault = diagnose(window, pd_ctx(prefill(idle_at=None)), NOW)
+    assert fault is not None and fault.kind == "pd_transfer_wedge"
+
+
 def test_a_decode_whose_requests_all_wait_for_kv_is_no_decode_wedge() -> None:
     """Nothing running, the live transfer queue holding the work: the transfer wedge's rule, not decode_wedge."""
     late = S.stall_after_s + 1

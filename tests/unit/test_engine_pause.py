@@ -140,8 +140,18 @@ def test_a_pause_past_max_pause_s_is_a_pause_overrun_and_clears_when_it_ends() -
             "paused",
         ),
         (["all_reduce (d.py:1)", "forward (m.py:2)", "event_loop_overlap (s.py:2090)"], "all_reduce"),
+        (
+            [
+                "all_reduce (torch/distributed/distributed_c10d.py:2800)",
+                "poll_and_all_reduce (sglang/srt/disaggregation/utils.py:312)",
+                "pop_preallocated (sglang/srt/disaggregation/decode.py:1143)",
+                "process_decode_queue (sglang/srt/disaggregation/decode.py:3470)",
+            ],
+            "pd_poll",
+        ),
     ],
 )
 def test_a_paused_or_receiving_scheduler_is_no_blocking_collective(frames: list[str], expected: str) -> None:
-    """The paused loop and the request intake's broadcast are where the scheduler is, not a collective hang."""
+    """The paused loop, the request intake's broadcast and a PD worker's poll of its transfers are where the
+    scheduler is, not a collective hang."""
     assert classify(frames)[0] == expected
