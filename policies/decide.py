@@ -6,6 +6,7 @@ into the one step the loop executes without deciding again:
 - `hold`: the server is paused (maintenance): the fault is journaled and nothing is done; at resume the probes
   judge anew, so only what is still true then is acted on (a wedge that ended during the pause is not);
 - `degrade`: alert only: the tree keeps serving (`degraded`), nothing is killed and nothing else is launched;
+- `abort`: abort the server's requests (`policies.abort`): the tree keeps serving, nothing is killed;
 - `recover`: incident, forensics, kill, reap, release, verify free — then relaunch after the backoff, or `failed`
   when the plan says fail.
 """
@@ -23,6 +24,7 @@ class FaultStep(StrEnum):
 
     HOLD = "hold"
     DEGRADE = "degrade"
+    ABORT = "abort"
     RECOVER = "recover"
 
 
@@ -40,4 +42,6 @@ def next_step(paused: bool, plan: Plan) -> Next:
         return Next(FaultStep.HOLD, plan)
     if plan.action == "alert":
         return Next(FaultStep.DEGRADE, plan)
+    if plan.action == "abort":
+        return Next(FaultStep.ABORT, plan)
     return Next(FaultStep.RECOVER, plan)

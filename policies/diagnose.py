@@ -19,7 +19,8 @@ Order of precedence (the first rule that holds decides; later rules only add not
                   with work in flight, nothing else — waits the full `stall_after_s` (a slow forward is not a hang).
 6. `pd_transfer_wedge` — a decode server whose transfer/prealloc queue is non-zero and not draining with no decode
                   progress for `stall_after_s`; for a quarter of it when every prefill sits idle meanwhile (the KV
-                  it waits for is not coming: `policies.pd.prefills_idle`).
+                  it waits for is not coming: `policies.pd.prefills_idle`). Tag `prealloc_blocked` when all of
+                  it waits to pre-allocate (a request too large for the decode's pool blocks the rest).
 7. `decode_wedge` — work in flight (frozen running gauge, generation requests active, our own canary) with no
                   token progress for `stall_after_s`, or SGLang's own watchdog line.
 8. `parser_misconfig` — a definitive canary failure (leak signature, structural failure, stream/non-stream
@@ -55,7 +56,7 @@ from policies.model import (
     stacks_values,
 )
 from policies.pause import pause_overrun, paused_engine
-from policies.pd import prefill_blamed, prefills_idle, waits_for_kv
+from policies.pd import prealloc_blocked, prefill_blamed, prefills_idle, waits_on_pair
 from policies.window import Window
 
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95})
@@ -76,9 +77,7 @@ class DiagnoseContext:
     started_at: float  # monotonic, this launch
     settings: ProbeSettings
     healthy_once: bool = False  # /health answered 200 in this launch: a death now is a crash, not a startup
-    prefills: tuple[
-        Observation | None, ...
-    ] = ()  # a decode: each prefill's newest progress (None: not serving)
+    prefills: tuple[Observation | None, ...] = ()  # a decode: each prefill's newest progress (None: not up)
 
 
 def _log_fault(w: Window, kind: str, confidence: float, as_kind: str | None = None) -> Fault | None:
@@ -184,7 +183,11 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
     progress = _stalled(w, ctx, STRONG_STALL_FRACTION)
     if progress is None:
         return None
-    if waits_for_kv(ctx.role, progress) and prefill_blamed(ctx.prefills, ctx.settings.stall_after_s, now):
+    if (
+        ctx.role == "decode"
+        and waits_on_pair(ctx.role, progress)
+        and prefill_blamed(ctx.prefills, ctx.settings.stall_after_s, now)
+    ):
         return None  # the prefill's own rules judge it (its stopped scheduler parks the decode's requests)
     full = _stalled(w, ctx) is not None
     pv = progress_values(progress)
@@ -252,15 +255,17 @@ def _pd_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     idle = prefills_idle(ctx.prefills, since=progress.at - pd_stalled)
     if pd_stalled < ctx.settings.stall_after_s * (STRONG_STALL_FRACTION if idle else 1.0):
         return None
+    blocked = prealloc_blocked(progress)
     return make_fault(
         "pd_transfer_wedge",
-        f"transfer queue stuck at {v.get('pd_queue')} for {pd_stalled:.0f}s, no decode progress"
-        + (", every prefill idle" if idle else ""),
+        f"{'pre-allocation' if blocked else 'transfer'} queue stuck at {v.get('pd_queue')} for {pd_stalled:.0f}s, "
+        "no decode progress" + (", every prefill idle" if idle else ""),
         0.9 if idle else 0.85,
         onset=progress.at - pd_stalled,
-        progress={"pd_queue": v.get("pd_queue"), "pd_stalled_s": pd_stalled},
+        progress={"pd_stalled_s": pd_stalled, **{k: v.get(k) for k in ("pd_queue", "pd_waiting")}},
         prefills_idle=idle,
         logs=[h for _, h in w.hits("pd_transfer_wedge")[:5]],
+        tags=["prealloc_blocked" if blocked else ""],
     )
 
 
@@ -268,8 +273,8 @@ def _decode_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     progress = _stalled(w, ctx)
     if progress is not None:
         v = progress_values(progress)
-        if waits_for_kv(ctx.role, progress):
-            return None  # the transfer wedge's rule judges that
+        if waits_on_pair(ctx.role, progress):
+            return None  # the transfer wedge's rule judges that (on the decode)
         stacks = w.latest("stacks")
         return make_fault(
             "decode_wedge",

@@ -81,6 +81,7 @@ class ProgressValues(TypedDict, total=False):
     active_gen: float | None
     canary_outstanding: bool
     pd_queue: float | None
+    pd_waiting: float | None  # of pd_queue, waiting for the partner (a decode: KV; a prefill: pre-allocation)
     idle_at: float | None  # the newest scrape with nothing running, queued, in flight or in a PD queue
     pd_stalled_s: float
     counters: dict[str, float]

@@ -102,7 +102,8 @@ STALE_FRACTION = 0.5  # of the stall window: a prefill's newest reading this old
 def prefill_blamed(prefills: Sequence[Observation | None], stall_after_s: float, now: float) -> str:
     """Why a decode's wait for KV is a prefill's fault ('' when no prefill explains it): a prefill not serving,
     its metrics unreadable or not read for half the stall window, or its own work stalled for a quarter of it
-    (real-pd.md §4a: a stopped prefill scheduler parks the decode's request with `/health` 200 on the decode)."""
+    (real-pd.md §4a: a stopped prefill scheduler parks the decode's request with `/health` 200 on the decode).
+    A prefill whose work all waits for a decode's pre-allocation is stalled by the decode, not by itself."""
     for i, obs in enumerate(prefills):
         if obs is None:
             return f"prefill {i} is not serving"
@@ -111,15 +112,28 @@ def prefill_blamed(prefills: Sequence[Observation | None], stall_after_s: float,
         if now - obs.at >= stall_after_s * STALE_FRACTION:
             return f"prefill {i}'s metrics were last read {now - obs.at:.0f}s ago"
         stalled = float(progress_values(obs).get("stalled_s", 0.0))
-        if stalled >= stall_after_s * BLAME_FRACTION:
+        if stalled >= stall_after_s * BLAME_FRACTION and not waits_on_pair(Role.PREFILL, obs):
             return f"prefill {i} has had work in flight with no progress for {stalled:.0f}s"
     return ""
 
 
-def waits_for_kv(role: str, progress: Observation) -> bool:
-    """A decode whose every request waits for its KV: nothing of its own runs, so nothing of its own can hang."""
+def waits_on_pair(role: str, progress: Observation) -> bool:
+    """A PD worker none of whose own work runs: a decode whose requests all wait in its PD queues (for KV, or
+    to pre-allocate it), a prefill whose requests all wait for a decode to pre-allocate (its bootstrap queue)."""
     v = progress_values(progress)
-    return role == Role.DECODE and bool(v.get("pd_queue")) and not v.get("running")
+    queue, waiting = v.get("pd_queue") or 0.0, v.get("pd_waiting") or 0.0
+    if v.get("running"):
+        return False
+    if role == Role.DECODE:
+        return queue > 0
+    return role == Role.PREFILL and waiting > 0 and queue <= waiting
+
+
+def prealloc_blocked(progress: Observation) -> bool:
+    """A decode's stuck queue is all pre-allocation (none of it waits for a prefill's KV): the decode's own step —
+    a request whose KV cannot fit its pool blocks every later one (real-pd.md §4b)."""
+    v = progress_values(progress)
+    return bool(v.get("pd_queue")) and v.get("pd_waiting") == 0
 
 
 def heartbeat_window_s(interval_s: float, max_failures: float) -> float:

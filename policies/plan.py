@@ -25,7 +25,7 @@ PARSER_KEY = "parser_misconfig"
 class Plan:
     """The decision for one incident."""
 
-    action: str  # "relaunch" | "alert" | "fail"
+    action: str  # "relaunch" | "alert" | "fail" | "abort"
     reason: str
     ladder_key: str | None = None
     rung: int = 0

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from policies import argv as argv_reader
+from policies.abort import abort_first
 from policies.backoff import RestartParams, decide_restart, is_stable
 from policies.diagnose import DiagnoseContext, diagnose
 from policies.ladders import Ladder, PastIncident, ladder_key
@@ -259,6 +260,7 @@ class PlanFacts:
     ladders: Mapping[str, Ladder]
     parser_policy: str
     canary_mode: str = "require"
+    aborted_at: float | None = None  # monotonic: this launch's last abort of its requests (policies.abort)
 
 
 @dataclass(frozen=True)
@@ -299,6 +301,8 @@ def plan(fault: Fault, facts: PlanFacts, now: float) -> Recovery:
             Plan("fail", f"{fault.evidence['spawn']}; operator needed", levels=facts.levels), False
         )
     kind = FaultKind(fault.kind)
+    if (aborting := abort_first(fault, facts.aborted_at, facts.levels)) is not None:
+        return Recovery(aborting, False)
     streak_over = is_stable(facts.serving_since, now, facts.restart)
     restarts = () if streak_over else facts.restarts
     restart = decide_restart(restarts, now, facts.restart, facts.jitter)

@@ -63,9 +63,7 @@ SIDE_READ_S = 5.0  # /ready, /ping, /v1/loads beside a scrape (a real /ready hun
 STARTUP_HEALTH_PERIOD_S = 0.5
 BUSY_SCRAPE_S = 2.0
 SUSPECT_SCRAPE_S = 1.0
-ROUTINE_KEEP_S = (
-    60.0  # ≥ the spans policies.diagnose reads of local readings (STRONG_STALL_FRACTION of a stall)
-)
+ROUTINE_KEEP_S = 60.0  # ≥ the spans policies.diagnose reads of local readings (a strong stall fraction)
 STACKS_AT = (STRONG_STALL_FRACTION * 0.8, 0.5)  # the first dump lands just before the early threshold
 STAND_ASIDE = frozenset({"health", "canary_tool", "canary_stream"})  # while the engine is paused on purpose
 
@@ -159,6 +157,10 @@ class Monitor:
     def latest(self, probe: str) -> Observation | None:
         """The newest observation of one probe in this launch."""
         return self._latest.get(probe)
+
+    def restart_pd_lease(self, now: float) -> None:
+        """The PD queue's stand counts from `now` (the supervisor aborted the requests in it)."""
+        self._progress.restart_pd(now)
 
     def reconfigure(self, settings: ProbeSettings) -> None:
         """New probe settings (a config reload) take effect from the next tick."""

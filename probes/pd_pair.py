@@ -27,6 +27,8 @@ PD_LOAD_QUEUES = {
     "decode": ("decode_prealloc_queue_reqs", "decode_transfer_queue_reqs"),
     "prefill": ("prefill_bootstrap_queue_reqs", "prefill_inflight_queue_reqs"),
 }
+# the queue whose requests wait for the partner's step: a decode's KV to arrive, a prefill's decode to pre-allocate
+PARTNER_QUEUE = {"decode": "decode_transfer_queue_reqs", "prefill": "prefill_bootstrap_queue_reqs"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class PdLoads:
 
     queue: float  # decode: prealloc + transfer; prefill: bootstrap + inflight
     running: float
+    waiting: float = 0.0  # of `queue`, waiting for the partner (`PARTNER_QUEUE`)
 
 
 async def prefill_half(
@@ -93,11 +96,12 @@ async def pd_loads(
         return None
     try:
         loads = json.loads(raw).get("loads")
-        queue = running = 0.0
+        queue = running = waiting = 0.0
         for rank in loads:
             pd = rank.get("disaggregation") or {}
             queue += sum(float(pd.get(n) or 0) for n in names)
+            waiting += float(pd.get(PARTNER_QUEUE[role]) or 0)
             running += float(rank.get("num_running_reqs") or 0)
     except (ValueError, TypeError, AttributeError, RecursionError):
         return None
-    return PdLoads(queue, running)
+    return PdLoads(queue, running, waiting)

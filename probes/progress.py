@@ -110,6 +110,12 @@ class ProgressTracker:
         self.counters, self.last_progress_at, self.work_since = {}, now, None
         self.pd_since, self.idle_at = None, None
 
+    def restart_pd(self, now: float) -> None:
+        """The supervisor acted on the PD queue (it aborted the requests in it): a queue still standing counts
+        from now, so the action is judged after a whole window of its own."""
+        if self.pd_since is not None:
+            self.pd_since = now
+
     def update(
         self,
         samples: list[Sample] | None,
@@ -125,7 +131,7 @@ class ProgressTracker:
         """Fold one scrape (None when it failed) into the lease and report it; `paused` holds the lease; a PD
         worker's live queues (`/v1/loads`) stand in for its gauges, which go stale while nothing runs."""
         moved: list[str] = []
-        running = active = pd_queue = queued = None
+        running = active = pd_queue = queued = pd_waiting = None
         if samples is not None:
             counters = progress_counters(samples)
             moved = [k for k, v in counters.items() if v != self.counters.get(k, 0.0)]
@@ -139,7 +145,7 @@ class ProgressTracker:
             pd_queue = _gauge(samples, PD_QUEUES.get(self.role, ()))
             queued = _gauge(samples, "sglang:num_queue_reqs")
             if pd_live is not None:
-                pd_queue, running = pd_live.queue, pd_live.running
+                pd_queue, running, pd_waiting = pd_live.queue, pd_live.running, pd_live.waiting
         if moved or paused:
             self.last_progress_at = now
         if other_progress_at is not None and (self.last_progress_at or 0.0) < other_progress_at:
@@ -165,6 +171,7 @@ class ProgressTracker:
             "active_gen": active,
             "canary_outstanding": canary_outstanding,
             "pd_queue": pd_queue,
+            "pd_waiting": pd_waiting,
             "pd_stalled_s": round(pd_stalled, 3),
             "idle_at": self.idle_at,
             "counters": dict(self.counters),

@@ -1,6 +1,6 @@
 """SGLang's API-key rule: with `--api-key`, every endpoint but `/health*`, `/ready*` and `/metrics` needs
 `Authorization: Bearer <key>` (401 `{"error": "Unauthorized"}` otherwise). Admin endpoints (here:
-`/flush_cache`) take the `--admin-api-key` when one is set, else the API key. `/sim/*` is the simulator's
+`/flush_cache`, `/abort_request`) take the `--admin-api-key` when one is set, else the API key. `/sim/*` is the simulator's
 own control plane and stays open."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import hmac
 from aiohttp import web
 
 OPEN_PREFIXES = ("/health", "/ready", "/metrics", "/sim/")
-ADMIN_PATHS = ("/flush_cache",)
+ADMIN_PATHS = ("/flush_cache", "/abort_request")
 
 
 def _bearer(request: web.Request, key: str) -> bool:

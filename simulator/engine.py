@@ -127,12 +127,7 @@ class Engine:
         with self.cond:
             self.paused = mode
             if mode == "abort":
-                dropped = [r for r in (*self.running, *self.waiting) if r.kind == "user"]
-                self.running = [r for r in self.running if r.kind != "user"]
-                self.waiting = [r for r in self.waiting if r.kind != "user"]
-                for req in dropped:
-                    req.sink([], True, "abort")
-                self.metrics.log_stats(0, 0, self.parked, throughput=0.0)
+                self._abort_users()
             elif mode == "retract":
                 self.waiting = [*self.running, *self.waiting]
                 self.running = []
@@ -141,6 +136,24 @@ class Engine:
             elif self.running:  # in_place: the batch stays current, so the watchdog's clock runs
                 self.batch_active_since = time.monotonic()
             self.cond.notify_all()
+
+    def batch_size(self) -> int:
+        """User requests in the running batch (read without the lock: a wedged step may hold it)."""
+        return sum(1 for r in list(self.running) if r.kind == "user")
+
+    def abort_all(self) -> None:
+        """`/abort_request {"abort_all": true}`: every user request ends with an abort."""
+        with self.cond:
+            self._abort_users()
+            self.cond.notify_all()
+
+    def _abort_users(self) -> None:
+        dropped = [r for r in (*self.running, *self.waiting) if r.kind == "user"]
+        self.running = [r for r in self.running if r.kind != "user"]
+        self.waiting = [r for r in self.waiting if r.kind != "user"]
+        for req in dropped:
+            req.sink([], True, "abort")
+        self.metrics.log_stats(0, 0, self.parked, throughput=0.0)
 
     def resume(self) -> None:
         """`/continue_generation`: the scheduler steps again (retracted requests are recomputed)."""

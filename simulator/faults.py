@@ -30,6 +30,10 @@ CATALOG: dict[str, tuple[dict[str, Any], str]] = {
         "as F1 but the watchdog never fires; /health 503",
     ),
     "pd_decode_transfer_wedge": ({"after_requests": 1}, "decode requests park in the transfer queue forever"),
+    "pd_prompt_exceeds_decode_pool": (
+        {"prompt_tokens_ge": 3000},
+        "a prompt this long never pre-allocates on the decode and blocks every later request",
+    ),
     "nixl_transfer_worker_assert": (
         {"after_requests": 1},
         "prefill transfer worker dies; later PD requests hang",

@@ -102,7 +102,7 @@ class Generation:
         too_long = self._too_long(max(1, len(str(prompt)) // 4))
         if too_long:
             return web.json_response({"error": {"message": too_long}}, status=400)
-        gate = await self.pd.gate(body, openai=False)
+        gate = await self.pd.gate(body, openai=False, prompt_tokens=max(1, len(str(prompt)) // 4))
         if gate is not None:
             return gate
         if not self._admit():
@@ -163,7 +163,7 @@ class Generation:
         too_long = self._too_long(prompt_tokens)
         if too_long:
             return error(400, too_long)
-        gate = await self.pd.gate(body)
+        gate = await self.pd.gate(body, prompt_tokens=prompt_tokens)
         if gate is not None:
             return gate
         if not self._admit():

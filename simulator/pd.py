@@ -1,8 +1,11 @@
 """Prefill/decode disaggregation: the prefill's bootstrap server and the decode's wait for KV.
 
-The router sends each request to both servers with `bootstrap_host/port/room`. The prefill runs it and marks the
-room transferred on its bootstrap server; the decode parks the request in its transfer queue until the room is
-transferred, then decodes. A decode's heartbeat forgets a prefill whose bootstrap server missed two beats (5 s
+The router sends each request to both servers with `bootstrap_host/port/room`. The decode pre-allocates its KV in
+order (its pre-allocation queue) and tells the prefill's bootstrap server (the handshake); the prefill holds the
+request in its bootstrap queue until then, runs it and marks the room transferred; the decode parks the request in
+its transfer queue until the room is transferred, then decodes. With `pd_prompt_exceeds_decode_pool` a prompt of
+the trigger's size never pre-allocates and blocks every later request (real-pd.md §4b) until the client leaves or
+`/abort_request` aborts all. A decode's heartbeat forgets a prefill whose bootstrap server missed two beats (5 s
 apart), so a prefill replaced after that is found anew; one back sooner — or any, with the
 `prefill_replaced_decode_stale` fault — leaves the decode waiting on the stale endpoints (failure H7, real-pd.md)
 until it is restarted itself. A request without a bootstrap room is refused with SGLang's 400.
@@ -11,6 +14,7 @@ until it is restarted itself. A request without a bootstrap room is refused with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
@@ -26,6 +30,7 @@ from simulator.logs import log
 from simulator.sim_metrics import SimMetrics
 
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's warmup and health requests: no real KV transfer
+POLL_S = 0.05
 
 
 class PdSide:
@@ -45,6 +50,15 @@ class PdSide:
         self.waiting: dict[str, set[str]] = {}  # decode: rooms parked for KV, by prefill bootstrap address
         self.failed: set[str] = set()  # decode: parked rooms whose prefill was lost (they end with a 500)
         self.waiting_timeout = float(os.environ.get("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "300"))
+        self.bootstrap_timeout = float(os.environ.get("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "300"))
+        self.bootstrapping: set[str] = set()  # prefill: rooms waiting for a decode to pre-allocate
+        self.preallocated: set[str] = set()  # prefill: rooms a decode pre-allocated (its handshake came)
+        self.prealloc: list[str] = []  # decode: rooms waiting to pre-allocate, in order
+        self.aborts = 0  # `/abort_request` abort_all calls: a parked request seeing it change ends aborted
+
+    def abort_all(self) -> None:
+        """`/abort_request {"abort_all": true}`: the requests parked in the PD queues end aborted too."""
+        self.aborts += 1
 
     async def heartbeat(self) -> None:
         """Decode side, as SGLang's heartbeat checker: every `SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL` s ask each
@@ -86,7 +100,12 @@ class PdSide:
         app.router.add_get("/health", self._bootstrap_health)
         app.router.add_get("/route", self._bootstrap_health)
         app.router.add_get("/sim/kv/{room}", self._kv)
+        app.router.add_post("/sim/prealloc/{room}", self._handshake)
         return app
+
+    async def _handshake(self, request: web.Request) -> web.Response:
+        self.preallocated.add(request.match_info["room"])
+        return web.Response(text="OK")
 
     async def _bootstrap_health(self, request: web.Request) -> web.Response:
         return web.Response(text="OK")
@@ -115,9 +134,12 @@ class PdSide:
             return
         self.rooms.add(room)
 
-    async def gate(self, body: dict[str, Any], openai: bool = True) -> web.Response | None:
-        """Either side: SGLang's 400 for a request without a bootstrap room. Decode side: wait in the transfer
-        queue for the request's KV; None when it may decode."""
+    async def gate(
+        self, body: dict[str, Any], openai: bool = True, prompt_tokens: int = 0
+    ) -> web.Response | None:
+        """Either side: SGLang's 400 for a request without a bootstrap room. Prefill side: wait in the bootstrap
+        queue for the decode's handshake. Decode side: pre-allocate in order, then wait in the transfer queue for
+        the request's KV; None when it may run."""
         if self.mode in ("prefill", "decode") and body.get("bootstrap_room") is None:
             message = (
                 "Invalid request: Disaggregated request received without bootstrap room id. "
@@ -128,26 +150,81 @@ class PdSide:
                 error = {"object": "error", "message": message, "type": "BadRequestError", "param": None}
                 return web.json_response({**error, "code": 400}, status=400)
             return web.json_response({"error": {"message": message}}, status=400)
-        if self.mode != "decode":
-            return None
         host = str(body.get("bootstrap_host") or "127.0.0.1")
-        if host == FAKE_BOOTSTRAP_HOST:
+        if self.mode not in ("prefill", "decode") or host == FAKE_BOOTSTRAP_HOST:
             return None
-        port = body.get("bootstrap_port") or self.args.disaggregation_bootstrap_port
         room = str(body["bootstrap_room"])
+        if self.mode == "prefill":
+            return await self._bootstrap(room)
+        port = body.get("bootstrap_port") or self.args.disaggregation_bootstrap_port
         addr = f"{host}:{port}"
+        aborts = self.aborts
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
+            blocked = await self._preallocate(session, addr, room, prompt_tokens, aborts)
+            return blocked if blocked is not None else await self._transfer(session, addr, room, aborts)
+
+    async def _bootstrap(self, room: str) -> web.Response | None:
+        """Prefill side: the bootstrap queue, until a decode pre-allocated the room (SGLang's bootstrap timeout)."""
+        aborts, deadline = self.aborts, time.monotonic() + self.bootstrap_timeout
+        self.bootstrapping.add(room)
+        try:
+            while room not in self.preallocated:
+                if self.aborts != aborts:
+                    return _aborted(room)
+                if time.monotonic() > deadline:
+                    message = f"Request {room} timed out after {self.bootstrap_timeout:.1f}s in KVPoll.Bootstrapping"
+                    log(
+                        f"Prefill bootstrap failed for request rank=0 with exception KVTransferError({message})"
+                    )
+                    return _error(f"KVTransferError(bootstrap_room={room}): {message}")
+                await asyncio.sleep(POLL_S)
+            return None
+        finally:
+            self.bootstrapping.discard(room)
+            self.preallocated.discard(room)
+
+    async def _preallocate(
+        self, session: aiohttp.ClientSession, addr: str, room: str, prompt_tokens: int, aborts: int
+    ) -> web.Response | None:
+        """Decode side: the pre-allocation queue, in order; a prompt too large for the pool never leaves it."""
+        fault = self.faults.get("pd_prompt_exceeds_decode_pool")
+        too_large = fault is not None and prompt_tokens >= int(fault.trigger.get("prompt_tokens_ge", 3000))
+        self.prealloc.append(room)
+        self.engine.parked += 1
+        try:
+            while too_large or self.prealloc[0] != room:
+                if self.aborts != aborts:
+                    log(
+                        f"Decode handshake failed for request rank=0 decode_req.req.bootstrap_room={room} with "
+                        f"exception KVTransferError(bootstrap_room={room}): Aborted by AbortReq."
+                    )
+                    return _aborted(room)
+                await asyncio.sleep(POLL_S)
+        finally:
+            self.prealloc.remove(room)
+            self.engine.parked -= 1
+        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+            async with session.post(f"http://{addr}/sim/prealloc/{room}") as resp:
+                await resp.read()
+        return None
+
+    async def _transfer(
+        self, session: aiohttp.ClientSession, addr: str, room: str, aborts: int
+    ) -> web.Response | None:
+        """Decode side: the transfer queue, until the room's KV arrived (SGLang's waiting timeout)."""
         wedged = self.faults.check("pd_decode_transfer_wedge")
         self.engine.parked += 1  # live in /v1/loads; the gauges wait for the next batch's stats
         self.waiting.setdefault(addr, set()).add(room)
         try:
             deadline = time.monotonic() + self.waiting_timeout
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
-                while time.monotonic() < deadline:
-                    if room in self.failed:
-                        return _lost(room, addr)
-                    if not wedged and await self._kv_arrived(session, addr, room):
-                        return None
-                    await asyncio.sleep(0.05)
+            while time.monotonic() < deadline:
+                if room in self.failed:
+                    return _lost(room, addr)
+                if self.aborts != aborts:
+                    return _aborted(room)
+                if not wedged and await self._kv_arrived(session, addr, room):
+                    return None
+                await asyncio.sleep(POLL_S)
             log(
                 "Some requests fail to receive KV Cache transfer done signal after bootstrapping. If a greater mean "
                 "TTFT is acceptable, you can 'export SGLANG_DISAGGREGATION_WAITING_TIMEOUT=600' (default: 300s)"
@@ -158,9 +235,8 @@ class PdSide:
                 f"Request {room} timed out after {self.waiting_timeout:.1f}s in KVPoll.WaitingForInput"
             )
             self.metrics.transfer_failed()
-            message = f"KVTransferError(bootstrap_room={room}): Failed to get kvcache from prefill instance, it might be dead"
-            return web.json_response(
-                {"object": "error", "message": message, "type": "500", "param": None, "code": 500}, status=500
+            return _error(
+                f"KVTransferError(bootstrap_room={room}): Failed to get kvcache from prefill instance, it might be dead"
             )
         finally:
             self.engine.parked -= 1
@@ -183,11 +259,22 @@ class PdSide:
         return resp.status == 200
 
 
+def _error(message: str) -> web.Response:
+    """SGLang's 500 for a PD request that failed."""
+    return web.json_response(
+        {"object": "error", "message": message, "type": "500", "param": None, "code": 500}, status=500
+    )
+
+
+def _aborted(room: str) -> web.Response:
+    """A request ended by `/abort_request` while parked in a PD queue."""
+    return _error(f"KVTransferError(bootstrap_room={room}): Aborted by AbortReq.")
+
+
 def _lost(room: str, addr: str) -> web.Response:
     """A parked request whose prefill the heartbeat dropped: SGLang fails it with a 500."""
     message = f"KVTransferError(bootstrap_room={room}): Lost connection with prefill instance (bootstrap_addr: {addr})"
     log(
         f"Decode transfer failed for request rank=0 decode_req.req.bootstrap_room={room} with exception {message}"
     )
-    error = {"object": "error", "message": message, "type": "500", "param": None, "code": 500}
-    return web.json_response(error, status=500)
+    return _error(message)

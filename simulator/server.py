@@ -97,6 +97,7 @@ class SimServer:
         r.add_get("/v1/models", self.models)
         r.add_get("/v1/models/{model:.+}", self.model)
         r.add_route("*", "/flush_cache", self.flush_cache)
+        r.add_post("/abort_request", self.abort_request)
         r.add_get("/v1/loads", self.loads)
         r.add_get("/get_load", self.loads)
         r.add_post("/generate", self.generation.generate)
@@ -258,10 +259,28 @@ class SimServer:
             "(When there are running or waiting requests, the operation will not be performed.)\n",
         )
 
+    async def abort_request(self, request: web.Request) -> web.Response:
+        """SGLang's `POST /abort_request {"rid", "abort_all"}`: 200; `abort_all` ends every request (those parked in
+        a PD queue too). A rid alone is taken and ignored (the simulator keeps no request ids)."""
+        body = await read_json(request)
+        if isinstance(body, web.Response):
+            return body
+        if body.get("abort_all"):
+            self.engine.abort_all()
+            self.pd.abort_all()
+        return web.Response(status=200)
+
     async def loads(self, request: web.Request) -> web.Response:
         """The shared-memory load snapshot of each DP rank; its `timestamp` freezes with the scheduler."""
         return web.json_response(
-            self.metrics.loads(self.engine.snapshot_at, MAX_TOTAL_TOKENS, self.pd.mode, self.engine.parked)
+            self.metrics.loads(
+                self.engine.snapshot_at,
+                MAX_TOTAL_TOKENS,
+                self.pd.mode,
+                self.engine.parked,
+                (len(self.pd.prealloc), len(self.pd.bootstrapping)),
+                self.engine.batch_size(),
+            )
         )
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:

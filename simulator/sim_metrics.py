@@ -154,13 +154,25 @@ class SimMetrics:
             self.http_responses[(endpoint, str(status), method)] += 1
 
     def loads(
-        self, snapshot_at: float, max_total_tokens: int, mode: str = "null", parked: int = 0
+        self,
+        snapshot_at: float,
+        max_total_tokens: int,
+        mode: str = "null",
+        parked: int = 0,
+        queues: tuple[int, int] = (0, 0),
+        running: int | None = None,
     ) -> dict[str, Any]:
         """The `/v1/loads` body: one DP rank's load snapshot (as of `snapshot_at`) and the aggregate. Its
-        `disaggregation` queues are live (the scheduler publishes them every loop), unlike the gauges."""
+        `disaggregation` queues are live (the scheduler publishes them every loop), unlike the gauges; `parked`
+        holds a decode's pre-allocation queue (`queues`: pre-allocation, a prefill's bootstrap queue) too; `running`
+        is the batch as the scheduler last published it (the gauge's when not given)."""
+        prealloc, bootstrap = queues
         with self._lock:
             g = dict(self.gauges)
-        running, waiting = int(g["num_running_reqs"]), int(g["num_queue_reqs"])
+        running, waiting = (
+            int(g["num_running_reqs"] if running is None else running),
+            int(g["num_queue_reqs"]),
+        )
         waiting += parked if mode == "decode" else 0  # SGLang counts the transfer queue as waiting
         load = {
             "timestamp": snapshot_at,
@@ -178,10 +190,10 @@ class SimMetrics:
             "utilization": g["token_usage"],
             "disaggregation": {
                 "mode": mode,
-                "prefill_bootstrap_queue_reqs": 0,
+                "prefill_bootstrap_queue_reqs": bootstrap if mode == "prefill" else 0,
                 "prefill_inflight_queue_reqs": parked if mode == "prefill" else 0,
-                "decode_prealloc_queue_reqs": 0,
-                "decode_transfer_queue_reqs": parked if mode == "decode" else 0,
+                "decode_prealloc_queue_reqs": prealloc if mode == "decode" else 0,
+                "decode_transfer_queue_reqs": parked - prealloc if mode == "decode" else 0,
                 "decode_retracted_queue_reqs": 0,
             },
         }

@@ -19,7 +19,7 @@ from policies.model import Observation, ProbeSettings, TreeView
 from probes.monitor import Monitor
 from probes.pd_pair import PdPair
 from supervisor.config import ServerConfig, SupervisorConfig
-from supervisor.host import adopt, forensics, identity, launcher, preflight, proctree
+from supervisor.host import aborts, adopt, forensics, identity, launcher, preflight, proctree
 from supervisor.host.adopt import AdoptionView
 from supervisor.host.flaghelp import HelpUnavailable, target_flags
 from supervisor.host.gpu import GpuBackend, device_holders
@@ -69,6 +69,8 @@ class ProbeMonitor(Protocol):
     def reset(self, now: float) -> None: ...
 
     def reconfigure(self, settings: ProbeSettings) -> None: ...
+
+    def restart_pd_lease(self, now: float) -> None: ...
 
     def snapshot(self) -> dict[str, Any]: ...
 
@@ -151,6 +153,8 @@ class Host(Protocol):
     async def learn_flags(self, command: Sequence[str], cache: Path) -> FlagSet | HelpUnavailable: ...
 
     def monitor(self, spec: MonitorSpec) -> ProbeMonitor: ...
+
+    async def abort_requests(self, base_url: str, api_key: str | None, timeout_s: float) -> str: ...
 
 
 class RealHost:
@@ -328,6 +332,10 @@ class RealHost:
             pids_for_stacks=spec.pids_for_stacks,
             xids_seen=spec.xids_seen,
         )
+
+    async def abort_requests(self, base_url: str, api_key: str | None, timeout_s: float) -> str:
+        """Abort every request of a running server ('' when SGLang took it, else why not)."""
+        return await aborts.abort_all(base_url, api_key, timeout_s)
 
 
 def _earlier_run(marker: str, cfg: ServerConfig) -> list[str]:

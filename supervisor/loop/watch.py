@@ -82,6 +82,7 @@ class Watch:
         self.monitor: ProbeMonitor | None = None
         self.seen_ranks: set[str] = set()
         self.degraded: tuple[Incident, float] | None = None  # the alert-only incident and when (monotonic)
+        self.aborted_at: float | None = None  # this launch's last abort of its requests (monotonic)
         self.paused_fault = ""  # the fault kind journaled while paused (once per kind)
         self.resumed = False  # an operator's resume: the next tick judges what is true now, losses included
         self.resumed_at: float | None = None  # until a fresh lease reading, only what was seen since counts
@@ -173,7 +174,7 @@ class Watch:
         self.monitor = self._new_monitor()  # per launch: this launch's port, model and settings
         self.tree, self.cursor, self.degraded, self.paused_fault = None, 0, None, ""
         self.seen_ranks, self.resumed, self.waiting_for = set(), False, ""
-        self.resumed_at = None
+        self.resumed_at = self.aborted_at = None
         self.monitor.reset(clock.monotonic())
         run = loop.owner.run
         assert run is not None
@@ -240,7 +241,7 @@ class Watch:
         window = self._since_resume(self.monitor.window())
         result = triage(window, tree, facts, now)
         if result.fault is not None:
-            return self._act_on_fault(result.fault)
+            return await self._act_on_fault(result.fault)
         if result.serving and owner.state is S.STARTING:
             loop.became_serving(result.unproven, alert=not result.awaiting_partner)
         elif owner.state is S.STARTING and result.waiting_for != self.waiting_for:
@@ -255,8 +256,8 @@ class Watch:
         return None
 
     def _since_resume(self, window: list[Observation]) -> list[Observation]:
-        """After a resume, only observations made since, until the lease (a router: `/health`) was read again:
-        a stall or a failing probe seen during the pause counts only if a fresh reading still shows it."""
+        """After a resume (or an abort), only observations made since, until the lease (a router: `/health`) was
+        read again: a stall or a failing probe seen before counts only if a fresh reading still shows it."""
         if self.resumed_at is None:
             return window
         fresh = [o for o in window if o.at >= self.resumed_at]
@@ -265,11 +266,14 @@ class Watch:
             self.resumed_at = None
         return fresh
 
-    def _act_on_fault(self, fault: Fault) -> Outcome | None:
+    async def _act_on_fault(self, fault: Fault) -> Outcome | None:
         """Carry out the step decided for `fault` (once, by the loop's `decide`)."""
         decided = self.loop.decide(fault)
         if decided.step is FaultStep.HOLD:
             self._observe_paused(fault, decided)
+            return None
+        if decided.step is FaultStep.ABORT:
+            await self._abort(fault, decided)
             return None
         if decided.step is FaultStep.DEGRADE:
             self._degrade(fault, decided)
@@ -325,6 +329,29 @@ class Watch:
             loop.owner.rung,
         )
         self.degraded = (incident, loop.clock.monotonic())
+
+    async def _abort(self, fault: Fault, decided: Next) -> None:
+        """Abort the server's requests (policies.abort): the tree keeps serving; an incident and its alert. The
+        PD queue's stand counts from now: the same stand a window later restarts the server."""
+        loop = self.loop
+        failed = await loop.svc.host.abort_requests(
+            loop.cfg.base_url, server_api_key(loop.cfg), self.settings.health_timeout_s
+        )
+        self.aborted_at = self.resumed_at = now = loop.clock.monotonic()  # judged on fresh readings only
+        if self.monitor is not None:
+            self.monitor.restart_pd_lease(now)
+        loop.log.warning("requests.aborted", fault=fault.kind, reason=fault.reason, error=failed or None)
+        outcome = f"; the abort failed: {failed}" if failed else ""
+        loop.svc.incidents.notice(
+            loop.name,
+            loop.clock.wall(),
+            fault.kind,
+            "abort failed" if failed else "abort",
+            f"{fault.reason} → {decided.plan.reason}{outcome}",
+            dict(fault.evidence),
+            loop.owner.argv,
+            loop.owner.rung,
+        )
 
     def _undegrade(self, cleared: frozenset[str]) -> None:
         """Degraded ends when the canary whose failure caused it passes again: serving, the alert resolved."""

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tests.support.daemon import PdDeployment, Traffic
+from tests.support.http import http
+from tests.support.wait import wait_for
 
 Servers = dict[str, dict[str, Any]]
 
@@ -111,5 +114,42 @@ def test_a_planned_prefill_restart_waits_for_the_decode_to_drop_the_old_prefill(
         assert held and '"window_s": 15.0' in held[0]
         decode_log = (dep.root / "log" / "decode.log").read_text()
         assert "Lost connection with prefill instance" in decode_log
+    finally:
+        dep.cleanup()
+
+
+def test_a_prompt_too_large_for_the_decode_is_aborted_and_the_decode_kept(tmp_path: Path) -> None:
+    """real-pd.md §4b on the simulator: a prompt the decode's pool cannot fit blocks its pre-allocation queue with
+    /health 200. The decode's requests are aborted (incident `abort`, no restart, no rung, the prefill not blamed
+    and untouched) and the pair serves again."""
+    dep = PdDeployment(tmp_path, decode_env={"SGLANG_SIM_SCENARIO": "pd_prompt_exceeds_decode_pool"})
+    try:
+        dep.start()
+        first = dep.wait_all(all_serving, what="all serving")
+        content = "weather Paris sunny servers GPUs story " * 400
+        body = {"model": dep.model, "messages": [{"role": "user", "content": content}], "max_tokens": 16}
+        router = f"http://127.0.0.1:{dep.router_port}"
+        with ThreadPoolExecutor(1) as pool:
+            blocked = pool.submit(http, f"{router}/v1/chat/completions", "POST", body, 120)
+            after = dep.wait_all(
+                lambda s: (
+                    s["decode"]["last_incident"] is not None
+                    and s["decode"]["last_incident"]["action"] == "abort"
+                ),
+                timeout=120,
+                what="the decode's requests aborted",
+            )
+            reply = blocked.result(timeout=60)
+        assert reply.status == 500 and b"Aborted by AbortReq." in reply.body
+        incident = after["decode"]["last_incident"]
+        assert incident["fault"] == "pd_transfer_wedge" and incident["evidence"]["tags"] == [
+            "prealloc_blocked"
+        ]
+        with Traffic(router, dep.model, period_s=0.5) as traffic:
+            wait_for(lambda: traffic.sent - traffic.failed >= 3, 60, "requests served through the pair again")
+        final = dep.servers()
+        for name in ("prefill", "decode"):
+            assert final[name]["pid"] == first[name]["pid"] and final[name]["restarts"] == 0, name
+            assert final[name]["fallback"]["rung"] == 0, name
     finally:
         dep.cleanup()

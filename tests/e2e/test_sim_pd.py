@@ -168,3 +168,40 @@ def test_f5_prefill_restart_wedges_decode_until_decode_restarts(tmp_path: Path) 
         pd.decode = _decode(tmp_path, {**WAIT, **decode_env}, port=pd.decode.port)
         wait_ready(pd.decode)
         assert pd.chat()[0] == 200
+
+
+def pd_queues(sim: Sim) -> dict[str, int]:
+    """A PD worker's live queues (`GET /v1/loads`)."""
+    return dict(sim.get("/v1/loads").json()["loads"][0]["disaggregation"])
+
+
+LONG_CHAT = {
+    **CHAT,
+    "messages": [{"role": "user", "content": "weather Paris sunny servers GPUs story " * 400}],
+}
+
+
+def test_a_prompt_too_large_for_the_decodes_pool_blocks_it_until_aborted(tmp_path: Path) -> None:
+    """real-pd.md §4b: the oversized prompt never leaves the decode's pre-allocation queue and every later request
+    queues behind it (the prefill holds each in its bootstrap queue), /health 200 on both; `/abort_request`
+    abort_all ends them (500 `Aborted by AbortReq.`) and the next request is served."""
+    scenario = {"SGLANG_SIM_SCENARIO": "pd_prompt_exceeds_decode_pool"}
+    router = "/v1/chat/completions"
+    with ThreadPoolExecutor(2) as pool, pd_deployment(tmp_path, decode_env=scenario) as pd:
+        url = f"http://127.0.0.1:{pd.router.port}{router}"
+        blocked = pool.submit(http, url, "POST", LONG_CHAT, 60)
+        wait_for(
+            lambda: pd_queues(pd.decode)["decode_prealloc_queue_reqs"] == 1, 10, "the long prompt parked"
+        )
+        behind = pool.submit(pd.chat)
+        wait_for(lambda: pd_queues(pd.decode)["decode_prealloc_queue_reqs"] == 2, 10, "a request behind it")
+        assert pd_queues(pd.prefill)["prefill_bootstrap_queue_reqs"] == 2
+        assert pd_queues(pd.decode)["decode_transfer_queue_reqs"] == 0
+        assert pd.decode.get("/health").status == 200 and pd.prefill.get("/health").status == 200
+        assert http(f"{pd.decode.base_url}/abort_request", "POST", {"abort_all": True}).status == 200
+        reply = blocked.result(timeout=30)
+        assert reply.status == 500 and b"Aborted by AbortReq." in reply.body
+        assert behind.result(timeout=30)[0] == 500
+        pd.decode.wait_log(r"Decode handshake failed for request .*Aborted by AbortReq\.")
+        assert pd.chat()[0] == 200
+        assert pd_queues(pd.decode)["decode_prealloc_queue_reqs"] == 0

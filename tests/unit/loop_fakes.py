@@ -86,6 +86,7 @@ class FakeMonitor:
         self.observations: list[Observation] = []
         self.closed = False
         self.ready = asyncio.Event()
+        self.pd_lease_restarts: list[float] = []
 
     async def tick(self, now: float) -> list[Observation]:
         new = self.script(now)
@@ -106,6 +107,9 @@ class FakeMonitor:
 
     def reconfigure(self, settings: ProbeSettings) -> None:
         self.settings = settings
+
+    def restart_pd_lease(self, now: float) -> None:
+        self.pd_lease_restarts.append(now)
 
     def snapshot(self) -> dict[str, Any]:
         return {"probes": {o.probe: {"ok": o.ok, "values": dict(o.values)} for o in self.observations}}
@@ -141,6 +145,9 @@ class FakeHost:
     monitors: list[FakeMonitor] = field(default_factory=list)
     releases: list[dict[str, Any]] = field(default_factory=list)
     forensics_taken: list[str] = field(default_factory=list)
+    scripts: dict[str, Callable[[float], list[Observation]]] = field(default_factory=dict)  # by server name
+    aborts: list[str] = field(default_factory=list)  # base URLs whose requests were aborted
+    abort_error: str = ""
 
     async def spawn(
         self,
@@ -240,8 +247,12 @@ class FakeHost:
     async def learn_flags(self, command: Sequence[str], cache: Path) -> FlagSet | HelpUnavailable:
         return HelpUnavailable("fake host: flags not learned")
 
+    async def abort_requests(self, base_url: str, api_key: str | None, timeout_s: float) -> str:
+        self.aborts.append(base_url)
+        return self.abort_error
+
     def monitor(self, spec: MonitorSpec) -> FakeMonitor:
-        monitor = FakeMonitor(spec, lambda now: self.script(now))
+        monitor = FakeMonitor(spec, lambda now: self.scripts.get(spec.server, self.script)(now))
         self.monitors.append(monitor)
         return monitor
 
@@ -305,9 +316,9 @@ async def until(cond: Callable[[], bool], steps: int = 20000) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running(d: Daemon) -> AsyncIterator[ServerLoop]:
-    """Run the daemon's first server loop; stop it cleanly at the end."""
-    loop = d.loops[0]
+async def running(d: Daemon, name: str | None = None) -> AsyncIterator[ServerLoop]:
+    """Run the daemon's first server loop (or the one named); stop it cleanly at the end."""
+    loop = next(lp for lp in d.loops if name in (None, lp.name))
     task = asyncio.create_task(loop.run_forever())
     try:
         yield loop

@@ -408,3 +408,28 @@ def test_gpu_spin_in_one_reading_waits_the_full_window() -> None:
     readings = [obs("gpu", at=NOW - t, spin=[] if t else [0], xids=[]) for t in (3.0, 2.0, 1.0, 0.0)]
     assert kind_of([stalled(6.0), *readings], ctx(), NOW) is None
     assert kind_of([stalled(20.0), *readings], ctx(), NOW) == "collective_hang"
+
+
+def test_a_blocked_pre_allocation_queue_is_the_decodes_own_stand() -> None:
+    """Real pair, a prompt too large for the decode's pool: the decode's queue is all pre-allocation, its prefill
+    holds the request in its bootstrap queue waiting for the decode — the prefill is not blamed, the decode's stand
+    is a `pd_transfer_wedge` tagged `prealloc_blocked` (policies.abort aborts it first)."""
+    late = S.stall_after_s + 1
+    waiting = obs("progress", idle_at=None, stalled_s=late, pd_queue=1.0, pd_waiting=1.0, running=0.0)
+    window = [stalled(late, pd_queue=4.0, pd_waiting=0.0, pd_stalled_s=late, running=0.0)]
+    fault = diagnose(window, pd_ctx(waiting), NOW)
+    assert fault is not None and fault.kind == "pd_transfer_wedge"
+    assert fault.evidence["tags"] == ["prealloc_blocked"] and "pre-allocation queue" in fault.reason
+    transfer = [stalled(late, pd_queue=4.0, pd_waiting=4.0, pd_stalled_s=late, running=0.0)]
+    fault = diagnose(transfer, pd_ctx(prefill(idle_at=None)), NOW)
+    assert fault is not None and fault.evidence["tags"] == []
+
+
+def test_a_prefill_whose_requests_wait_for_a_decode_is_no_decode_wedge() -> None:
+    """The prefill's requests all sit in its bootstrap queue (the decode has not pre-allocated): its stall is the
+    decode's, judged on the decode; a prefill with its own work stalled is still a wedge."""
+    late = S.stall_after_s * 3
+    waiting = [stalled(late, pd_queue=2.0, pd_waiting=2.0, running=0.0)]
+    assert diagnose(waiting, ctx(role="prefill"), NOW) is None
+    own = [stalled(late, pd_queue=2.0, pd_waiting=1.0, running=0.0)]
+    assert kind_of(own, ctx(role="prefill"), NOW) == "decode_wedge"

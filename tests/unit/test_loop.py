@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from policies.model import Observation
 from policies.states import ServerState
 from supervisor.daemon import Daemon
 from supervisor.host.proctree import ProcId
+from supervisor.loop import pd_peers
 from supervisor.loop.commands import Command
 from tests.unit.loop_fakes import FakeClock, FakeHost, daemon, healthy, running, until
 
@@ -479,3 +482,59 @@ async def test_ranks_still_spawning_are_not_lost(tmp_path: Path) -> None:
         await clock.sleep(1.0)
         host.run.lost.add("sglang::scheduler_TP1")
         await until(lambda: bool(incidents(d, "startup_failure")))
+
+
+PD_PAIR = "".join(
+    f"""
+[[servers]]
+name = "{role}"
+role = "{role}"
+command = ["{sys.executable}", "-m", "simulator.launch_server"]
+args = ["--model-path", "Qwen/Qwen3-8B", "--disaggregation-mode", "{role}", "--port", "{port}"]
+gpus = [{gpu}]
+"""
+    for role, port, gpu in (("decode", 31999, 0), ("prefill", 31998, 1))
+)
+
+
+def blocked_decode(stand_s: float) -> Callable[[float], list[Observation]]:
+    """A decode whose pre-allocation queue has stood `stand_s` (nothing waits for KV, nothing runs)."""
+
+    def script(now: float) -> list[Observation]:
+        values = {"stalled_s": stand_s, "work_reasons": ["generation_requests_active"], "running": 0.0}
+        values |= {"pd_queue": 3.0, "pd_waiting": 0.0, "pd_stalled_s": stand_s}
+        return [health(now, 200), Observation("progress", now, True, "stalled", 0.01, values)]
+
+    return script
+
+
+async def test_a_blocked_pre_allocation_queue_is_aborted_not_restarted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real pair: a prompt too large for the decode's pool blocks its pre-allocation queue with /health 200 — the
+    decode's requests are aborted (one incident `abort`), the tree keeps serving, the queue's stand restarts; the
+    same stand a window later means the abort did not help: a restart."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock, servers=PD_PAIR)
+    # its prefill serves, read just now, idle but for the request waiting for the decode's pre-allocation
+    serving = {"stalled_s": 30.0, "pd_queue": 1.0, "pd_waiting": 1.0, "running": 0.0}
+    monkeypatch.setattr(
+        pd_peers, "prefills", lambda *_: (Observation("progress", clock.t, True, "waiting", 0.01, serving),)
+    )
+    async with running(d, "decode") as loop:
+        await until(lambda: loop.state is S.SERVING)
+        runs, launch = len(host.runs), host.monitors[-1]
+
+        def stand(now: float) -> list[Observation]:  # 30 s, counted afresh from an abort: never drained
+            if host.monitors[-1] is not launch:
+                return healthy(now)  # the relaunch serves
+            restarts = launch.pd_lease_restarts
+            return blocked_decode(now - restarts[-1] if restarts else 30.0)(now)
+
+        host.script = stand
+        await until(lambda: len(host.aborts) == 1)
+        assert host.aborts == ["http://127.0.0.1:31999"] and len(host.runs) == runs
+        assert [i["action"] for i in incidents(d, "pd_transfer_wedge")] == ["abort"]
+        assert loop.state is S.SERVING and host.monitors[-1].pd_lease_restarts
+        await until(lambda: len(host.runs) == runs + 1)
+        assert len(host.aborts) == 1 and incidents(d, "pd_transfer_wedge")[-1]["action"] == "relaunch"

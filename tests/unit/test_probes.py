@@ -20,9 +20,10 @@ from probes.gpu_probe import GpuWatch
 from probes.health import probe_health
 from probes.logwatch import LogWatch
 from probes.monitor import ROUTINE_KEEP_S, Monitor
-from probes.pd_pair import PdPair
+from probes.pd_pair import PdLoads, PdPair, pd_loads
 from probes.progress import ProgressTracker, parse_metrics, progress_counters
 from probes.stacks import classify, observe_ranks, parse_dump
+from supervisor.host.aborts import abort_all
 from tests.support.ports import free_port
 
 METRICS = """# HELP sglang:num_running_reqs num_running_reqs
@@ -327,6 +328,8 @@ class FakeServer:
         self.metrics = metrics(active=0)
         self.requests: list[str] = []
         self.rooms: list[object] = []  # the bootstrap room of each chat request (None without one)
+        self.loads: list[dict[str, object]] = []
+        self.aborts: list[object] = []
 
     async def health(self, request: web.Request) -> web.Response:
         self.requests.append("/health")
@@ -348,6 +351,13 @@ class FakeServer:
     async def server_info(self, request: web.Request) -> web.Response:
         return web.json_response({"tool_call_parser": "kimi_k2", "reasoning_parser": None})
 
+    async def v1_loads(self, request: web.Request) -> web.Response:
+        return web.json_response({"loads": self.loads})
+
+    async def abort(self, request: web.Request) -> web.Response:
+        self.aborts.append(await request.json())
+        return web.Response(status=200)
+
 
 @pytest.fixture
 async def fake() -> AsyncIterator[tuple[FakeServer, str]]:
@@ -357,6 +367,8 @@ async def fake() -> AsyncIterator[tuple[FakeServer, str]]:
     app.router.add_post("/v1/chat/completions", server.chat)
     app.router.add_get("/metrics", server.metrics_h)
     app.router.add_get("/server_info", server.server_info)
+    app.router.add_get("/v1/loads", server.v1_loads)
+    app.router.add_post("/abort_request", server.abort)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -571,3 +583,24 @@ async def test_a_pd_workers_canary_waits_for_a_partner_and_then_goes_through_the
         assert len(server.rooms) == 2 * len(set(server.rooms))  # each room sent to both sides
     finally:
         await monitor.aclose()
+
+
+async def test_a_pd_workers_live_queues_say_what_waits_for_the_partner(fake: tuple[FakeServer, str]) -> None:
+    """`/v1/loads` per DP rank: a decode's transfer queue waits for a prefill's KV, its pre-allocation queue is its
+    own step; a prefill's bootstrap queue waits for a decode."""
+    server, url = fake
+    queues = {"decode_prealloc_queue_reqs": 3, "decode_transfer_queue_reqs": 1}
+    queues |= {"prefill_bootstrap_queue_reqs": 2, "prefill_inflight_queue_reqs": 0}
+    server.loads = [{"num_running_reqs": 1, "disaggregation": queues}, {"num_running_reqs": 0}]
+    async with aiohttp.ClientSession() as session:
+        assert await pd_loads(session, url, "decode", 5.0, None) == PdLoads(4.0, 1.0, 1.0)
+        assert await pd_loads(session, url, "prefill", 5.0, None) == PdLoads(2.0, 1.0, 2.0)
+        assert await pd_loads(session, url, "unified", 5.0, None) is None
+
+
+async def test_aborting_a_servers_requests_asks_sglang_to_abort_all(fake: tuple[FakeServer, str]) -> None:
+    """`POST /abort_request {"abort_all": true}`: '' when taken; a refused or unreachable server says why."""
+    server, url = fake
+    assert await abort_all(url, None, 5.0) == "" and server.aborts == [{"abort_all": True}]
+    assert (await abort_all(f"{url}/nowhere", None, 5.0)).startswith("HTTP 404")
+    assert await abort_all("http://127.0.0.1:1", None, 5.0) != ""
