@@ -8,7 +8,9 @@ server's relaunch (`server.started`), and to the pair serving again through SMG 
 that was sent after that relaunch); which servers were relaunched; chats that failed through SMG.
 
 Faults: `prefill_stop` (the prefill's scheduler SIGSTOPped), `decode_stop`, `prefill_kill` (its main SIGKILLed),
-`both_kill`, `prefill_planned` (`restart --server prefill`: no detection).
+`both_kill`, `prefill_planned` (`restart --server prefill`: no detection), `oversized` (one chat whose prompt the
+decode's KV pool cannot fit, real-pd.md §4b: the decode's requests aborted, nothing relaunched; "relaunch_s" is then
+the abort's time).
 
 Run: ``.venv/bin/python -m benchmarks.bench_pd [--worlds real sim]`` (real: ~10 min, sim: ~3 min).
 """
@@ -20,6 +22,7 @@ import json
 import os
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,10 +36,12 @@ from tests.real_pd.support import Chats, real_pd_deployment
 from tests.real_serving.support import tiny_models
 from tests.support.daemon import PdDeployment, checked, q
 from tests.support.gateways import ADMIN_KEY, Gateway, running_gateway
+from tests.support.http import http
 from tests.support.real_pd import real_pd_python
 from tests.support.wait import wait_for
 
-FAULTS = ("prefill_stop", "decode_stop", "prefill_kill", "both_kill", "prefill_planned")
+FAULTS = ("prefill_stop", "decode_stop", "prefill_kill", "both_kill", "prefill_planned", "oversized")
+LONG_PROMPT = "weather Paris sunny servers GPUs story " * 150  # 3605 tokens on the real pair's tokenizer
 WORLDS = ("real", "sim")
 PAIR = ("prefill", "decode")
 
@@ -84,17 +89,20 @@ def run_fault(
         elif fault == "both_kill":
             for name in PAIR:
                 os.kill(first[name]["pid"], signal.SIGKILL)
+        elif fault == "oversized":
+            _oversized(dep, gw, urls, model)
         else:
             dep.post("/control/restart", {"server": "prefill", "reason": "bench"}, token=dep.token)
-        target = "decode" if fault == "decode_stop" else "prefill"
-        after = dep.wait_all(
-            lambda s: s[target]["pid"] != first[target]["pid"] and _proven(s), timeout, fault
-        )
-        started = [
-            ts(e)
-            for e in _events(dep.root, "server.started")
-            if e.get("server") == target and ts(e) >= t0 - 1
-        ]
+        target = "decode" if fault in ("decode_stop", "oversized") else "prefill"
+        if fault == "oversized":
+            wait_for(lambda: _events(dep.root, "requests.aborted"), timeout, "the decode's abort")
+            after = dep.wait_all(_proven, timeout, "pair proven")
+        else:
+            after = dep.wait_all(
+                lambda s: s[target]["pid"] != first[target]["pid"] and _proven(s), timeout, fault
+            )
+        marks = "requests.aborted" if fault == "oversized" else "server.started"
+        started = [ts(e) for e in _events(dep.root, marks) if e.get("server") == target and ts(e) >= t0 - 1]
         relaunched_at = min(started) if started else None
         wait_for(
             lambda: any(s >= (relaunched_at or t0) and code == 200 for s, _, code in chats.results),
@@ -112,6 +120,25 @@ def run_fault(
         "failed": sum(1 for s, _, code in chats.results if code != 200 and s >= t0 - 1),
         "requests": sum(1 for s, _, _ in chats.results if s >= t0 - 1),
     }
+
+
+def _oversized(dep: Any, gw: Gateway, urls: dict[str, str], model: str) -> None:
+    """Send the chat the decode's pool cannot fit through SMG (in a thread: it hangs until aborted); arm the
+    simulator's fault first where the decode is simulated."""
+    if isinstance(dep, PdDeployment):
+        fault = {
+            "name": "pd_prompt_exceeds_decode_pool",
+            "prompt_tokens_ge": 1000,
+        }  # the sim counts 4 chars a token
+        dep.post("/sim/fault", fault, base=urls["decode"])
+    body = {"model": model, "messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 8}
+    url = f"{gw.url}/v1/chat/completions"
+    threading.Thread(target=lambda: _quietly(url, body), daemon=True).start()
+
+
+def _quietly(url: str, body: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        http(url, "POST", body, 600)
 
 
 @contextlib.contextmanager

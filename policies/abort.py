@@ -7,10 +7,10 @@ times it out only when the client gives up. Nothing of the decode is broken, so 
 wrong cure. SGLang 0.5.23 names no request in that queue (no endpoint lists request ids), so the abort is
 `POST /abort_request {"abort_all": true}`: every request on that decode is stuck behind the blocked one anyway.
 
-The abort restarts the queue's stand (`ProgressTracker.restart_pd`): the same stand seen again a whole window
-later means the abort did not free the queue, and the fault takes its usual course (a restart on its ladder). A
-queue that drained and later stands again (a client sending the oversized prompt again) is a new stand: aborted
-again.
+The abort restarts the queue's stand (`ProgressTracker.restart_pd`): the same stand seen a whole window later
+(the queue never got shorter: the abort freed nothing) restarts the server on its ladder. A queue that got shorter
+and stands again — a client, or a gateway's retry, sending the long prompt again — is a new stand: aborted again,
+one incident each.
 """
 
 from __future__ import annotations
@@ -21,21 +21,17 @@ from policies.model import Fault
 from policies.plan import Plan
 
 ABORT_TAGS = frozenset({"prealloc_blocked"})
-SAME_STAND_S = 1.0  # a stand that began this soon after an abort is the one the abort restarted
 
 
-def abort_first(fault: Fault, aborted_at: float | None, levels: Mapping[str, int]) -> Plan | None:
+def abort_first(fault: Fault, levels: Mapping[str, int]) -> Plan | None:
     """Abort the server's requests instead of restarting it, or None (plan a recovery as usual): only for a
-    fault whose tags say the server itself is healthy, and not when the last abort left the same stand."""
+    fault whose tags say the server itself is healthy, and not for the stand an abort already restarted."""
     tags = {str(t) for t in fault.evidence.get("tags", ())}
-    if not tags & ABORT_TAGS:
-        return None
-    onset = fault.onset_at
-    if aborted_at is not None and onset is not None and onset <= aborted_at + SAME_STAND_S:
+    if not tags & ABORT_TAGS or fault.evidence.get("progress", {}).get("pd_restarted"):
         return None
     why = (
         "the decode's pre-allocation queue stands behind a request its KV pool cannot fit: abort the requests on "
-        "it (POST /abort_request abort_all), no restart; a restart follows only if the queue still stands a "
-        "window later"
+        "it (POST /abort_request abort_all), no restart; a restart follows only if the same stand is still there "
+        "a window later"
     )
     return Plan("abort", why, levels=levels, page=False)

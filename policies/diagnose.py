@@ -243,11 +243,9 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
 
 
 def _pd_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
-    if ctx.role != "decode":
-        return None
-    progress = w.latest("progress")
-    if progress is None:
-        return None
+    progress, ranks = w.latest("progress"), w.latest("ranks")
+    if ctx.role != "decode" or progress is None or (ranks and ranks_values(ranks).get("frozen")):
+        return None  # a stopped scheduler's last published queues are not live: the frozen rules judge it
     v = progress_values(progress)
     pd_stalled = float(v.get("pd_stalled_s", 0.0))
     if pd_stalled and prefill_blamed(ctx.prefills, ctx.settings.stall_after_s, now):
@@ -262,7 +260,10 @@ def _pd_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
         "no decode progress" + (", every prefill idle" if idle else ""),
         0.9 if idle else 0.85,
         onset=progress.at - pd_stalled,
-        progress={"pd_stalled_s": pd_stalled, **{k: v.get(k) for k in ("pd_queue", "pd_waiting")}},
+        progress={
+            "pd_stalled_s": pd_stalled,
+            **{k: v.get(k) for k in ("pd_queue", "pd_waiting", "pd_restarted")},
+        },
         prefills_idle=idle,
         logs=[h for _, h in w.hits("pd_transfer_wedge")[:5]],
         tags=["prealloc_blocked" if blocked else ""],

@@ -260,7 +260,6 @@ class PlanFacts:
     ladders: Mapping[str, Ladder]
     parser_policy: str
     canary_mode: str = "require"
-    aborted_at: float | None = None  # monotonic: this launch's last abort of its requests (policies.abort)
 
 
 @dataclass(frozen=True)
@@ -301,7 +300,7 @@ def plan(fault: Fault, facts: PlanFacts, now: float) -> Recovery:
             Plan("fail", f"{fault.evidence['spawn']}; operator needed", levels=facts.levels), False
         )
     kind = FaultKind(fault.kind)
-    if (aborting := abort_first(fault, facts.aborted_at, facts.levels)) is not None:
+    if (aborting := abort_first(fault, facts.levels)) is not None:
         return Recovery(aborting, False)
     streak_over = is_stable(facts.serving_since, now, facts.restart)
     restarts = () if streak_over else facts.restarts

@@ -104,17 +104,20 @@ class ProgressTracker:
     work_since: float | None = None
     pd_since: float | None = None
     idle_at: float | None = None
+    pd_last: float = 0.0  # the PD queue at the newest scrape
+    pd_held: float | None = None  # the PD queue when the supervisor restarted its stand (None: not restarted)
 
     def reset(self, now: float) -> None:
         """A new launch: counters restart from zero, progress counts from now."""
         self.counters, self.last_progress_at, self.work_since = {}, now, None
-        self.pd_since, self.idle_at = None, None
+        self.pd_since, self.idle_at, self.pd_last, self.pd_held = None, None, 0.0, None
 
     def restart_pd(self, now: float) -> None:
         """The supervisor acted on the PD queue (it aborted the requests in it): a queue still standing counts
-        from now, so the action is judged after a whole window of its own."""
+        from now, so the action is judged after a whole window of its own. A queue seen shorter than it was then
+        took the action: what stands after that is a new stand (`pd_restarted` false again)."""
         if self.pd_since is not None:
-            self.pd_since = now
+            self.pd_since, self.pd_held = now, self.pd_last
 
     def update(
         self,
@@ -173,6 +176,7 @@ class ProgressTracker:
             "pd_queue": pd_queue,
             "pd_waiting": pd_waiting,
             "pd_stalled_s": round(pd_stalled, 3),
+            "pd_restarted": self.pd_held is not None,
             "idle_at": self.idle_at,
             "counters": dict(self.counters),
         }
@@ -206,9 +210,12 @@ class ProgressTracker:
         token with a fake bootstrap, past the transfer queue. Tokens of requests (first tokens, inter-token
         counts, finished requests: the tokenizer's counters, which skip the health check) are.
         """
+        self.pd_last = queue or 0.0
         if not queue:
-            self.pd_since = None
+            self.pd_since = self.pd_held = None
             return 0.0
+        if self.pd_held is not None and queue < self.pd_held:
+            self.pd_since = self.pd_held = None
         if self.pd_since is None or paused or any(m in REQUEST_TOKENS for m in moved):
             self.pd_since = now
         return now - self.pd_since

@@ -176,7 +176,6 @@ class ServerLoop:
             ladders=self.ladders,
             parser_policy=self.cfg.policy.parser_policy,
             canary_mode=self.cfg.probes.canary_mode,
-            aborted_at=self._watch.aborted_at,
         )
 
     def _plan(self, fault: Fault) -> Plan:

@@ -82,7 +82,6 @@ class Watch:
         self.monitor: ProbeMonitor | None = None
         self.seen_ranks: set[str] = set()
         self.degraded: tuple[Incident, float] | None = None  # the alert-only incident and when (monotonic)
-        self.aborted_at: float | None = None  # this launch's last abort of its requests (monotonic)
         self.paused_fault = ""  # the fault kind journaled while paused (once per kind)
         self.resumed = False  # an operator's resume: the next tick judges what is true now, losses included
         self.resumed_at: float | None = None  # until a fresh lease reading, only what was seen since counts
@@ -174,7 +173,7 @@ class Watch:
         self.monitor = self._new_monitor()  # per launch: this launch's port, model and settings
         self.tree, self.cursor, self.degraded, self.paused_fault = None, 0, None, ""
         self.seen_ranks, self.resumed, self.waiting_for = set(), False, ""
-        self.resumed_at = self.aborted_at = None
+        self.resumed_at = None
         self.monitor.reset(clock.monotonic())
         run = loop.owner.run
         assert run is not None
@@ -337,7 +336,7 @@ class Watch:
         failed = await loop.svc.host.abort_requests(
             loop.cfg.base_url, server_api_key(loop.cfg), self.settings.health_timeout_s
         )
-        self.aborted_at = self.resumed_at = now = loop.clock.monotonic()  # judged on fresh readings only
+        self.resumed_at = now = loop.clock.monotonic()  # judged on fresh readings only
         if self.monitor is not None:
             self.monitor.restart_pd_lease(now)
         loop.log.warning("requests.aborted", fault=fault.kind, reason=fault.reason, error=failed or None)

@@ -107,9 +107,10 @@ class RealPdDeployment(Deployment):
         return out
 
     def incidents(self) -> list[dict[str, Any]]:
-        with urllib.request.urlopen(self.url + "/incidents", timeout=5) as resp:
+        """The incident journal, oldest first (`/incidents` pages it newest first)."""
+        with urllib.request.urlopen(self.url + "/incidents?limit=500", timeout=5) as resp:
             data = json.loads(resp.read())
-        return list(data["incidents"] if isinstance(data, dict) else data)
+        return list(reversed(data["incidents"] if isinstance(data, dict) else data))
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """The daemon's log events called `name`."""

@@ -497,12 +497,13 @@ gpus = [{gpu}]
 )
 
 
-def blocked_decode(stand_s: float) -> Callable[[float], list[Observation]]:
-    """A decode whose pre-allocation queue has stood `stand_s` (nothing waits for KV, nothing runs)."""
+def blocked_decode(stand_s: float, restarted: bool = False) -> Callable[[float], list[Observation]]:
+    """A decode whose pre-allocation queue has stood `stand_s` (nothing waits for KV, nothing runs); `restarted`:
+    the stand an abort restarted and never freed."""
 
     def script(now: float) -> list[Observation]:
         values = {"stalled_s": stand_s, "work_reasons": ["generation_requests_active"], "running": 0.0}
-        values |= {"pd_queue": 3.0, "pd_waiting": 0.0, "pd_stalled_s": stand_s}
+        values |= {"pd_queue": 3.0, "pd_waiting": 0.0, "pd_stalled_s": stand_s, "pd_restarted": restarted}
         return [health(now, 200), Observation("progress", now, True, "stalled", 0.01, values)]
 
     return script
@@ -529,7 +530,7 @@ async def test_a_blocked_pre_allocation_queue_is_aborted_not_restarted(
             if host.monitors[-1] is not launch:
                 return healthy(now)  # the relaunch serves
             restarts = launch.pd_lease_restarts
-            return blocked_decode(now - restarts[-1] if restarts else 30.0)(now)
+            return blocked_decode(now - restarts[-1] if restarts else 30.0, bool(restarts))(now)
 
         host.script = stand
         await until(lambda: len(host.aborts) == 1)
