@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import psutil
 from tests.real_serving.support import PROBES, READY_S, SCRIPTED, one_real_server_at_a_time
 from tests.support.daemon import Deployment, checked, q
 from tests.support.gateways import ADMIN_KEY, Gateway, running_gateway
+from tests.support.http import http
 from tests.support.ports import free_port
 from tests.support.real_pd import library_path
 
@@ -193,3 +196,19 @@ def pd_queue(url: str) -> float:
         loads = json.loads(resp.read())["loads"]
     keys = ("decode_prealloc_queue_reqs", "decode_transfer_queue_reqs")
     return float(sum((rank.get("disaggregation") or {}).get(k, 0) for rank in loads for k in keys))
+
+
+def pair_chat(dep: RealPdDeployment, body: dict[str, Any], timeout_s: float) -> int:
+    """One chat sent straight to the pair as SGLang's router sends it (no gateway, so no retry): the same body with
+    the prefill's bootstrap endpoint and a fresh room to the prefill and the decode at once; the decode's status."""
+    room = {
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": dep.boot,
+        "bootstrap_room": random.getrandbits(63),
+    }
+    with ThreadPoolExecutor(2) as pool:
+        halves = [
+            pool.submit(http, f"{dep.urls[n]}/v1/chat/completions", "POST", {**body, **room}, timeout_s)
+            for n in ("prefill", "decode")
+        ]
+        return halves[1].result(timeout=timeout_s + 5).status
