@@ -56,7 +56,7 @@ from policies.model import (
     stacks_values,
 )
 from policies.pause import pause_overrun, paused_engine
-from policies.pd import prealloc_blocked, prefill_blamed, prefills_idle, waits_on_pair
+from policies.pd import prefill_blamed, transfer_wedge, waits_on_pair
 from policies.window import Window
 
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95})
@@ -164,6 +164,11 @@ def _stall_onset(progress: Observation) -> float:
     return progress.at - float(progress_values(progress).get("stalled_s", 0.0))
 
 
+def _frozen(w: Window) -> bool:
+    ranks = w.latest("ranks")
+    return ranks is not None and bool(ranks_values(ranks).get("frozen"))
+
+
 def _spinning(w: Window, since: float | None = None) -> list[int]:
     """GPUs spinning in the latest reading; with `since`, in every reading from then on (at least two)."""
     gpu = w.latest("gpu")
@@ -243,30 +248,12 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
 
 
 def _pd_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
-    progress, ranks = w.latest("progress"), w.latest("ranks")
-    if ctx.role != "decode" or progress is None or (ranks and ranks_values(ranks).get("frozen")):
-        return None  # a stopped scheduler's last published queues are not live: the frozen rules judge it
-    v = progress_values(progress)
-    pd_stalled = float(v.get("pd_stalled_s", 0.0))
-    if pd_stalled and prefill_blamed(ctx.prefills, ctx.settings.stall_after_s, now):
-        return None  # the prefill's own rules judge it; its requests fail here once it is gone
-    idle = prefills_idle(ctx.prefills, since=progress.at - pd_stalled)
-    if pd_stalled < ctx.settings.stall_after_s * (STRONG_STALL_FRACTION if idle else 1.0):
-        return None
-    blocked = prealloc_blocked(progress)
-    return make_fault(
-        "pd_transfer_wedge",
-        f"{'pre-allocation' if blocked else 'transfer'} queue stuck at {v.get('pd_queue')} for {pd_stalled:.0f}s, "
-        "no decode progress" + (", every prefill idle" if idle else ""),
-        0.9 if idle else 0.85,
-        onset=progress.at - pd_stalled,
-        progress={
-            "pd_stalled_s": pd_stalled,
-            **{k: v.get(k) for k in ("pd_queue", "pd_waiting", "pd_restarted")},
-        },
-        prefills_idle=idle,
-        logs=[h for _, h in w.hits("pd_transfer_wedge")[:5]],
-        tags=["prealloc_blocked" if blocked else ""],
+    progress = w.latest("progress")
+    if ctx.role != "decode" or progress is None or _frozen(w):
+        return None  # a stopped scheduler's last published queues are not live: the stall rules judge it
+    logs = [h for _, h in w.hits("pd_transfer_wedge")[:5]]
+    return transfer_wedge(
+        progress, ctx.prefills, ctx.settings.stall_after_s, STRONG_STALL_FRACTION, now, logs
     )
 
 
@@ -274,7 +261,7 @@ def _decode_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     progress = _stalled(w, ctx)
     if progress is not None:
         v = progress_values(progress)
-        if waits_on_pair(ctx.role, progress):
+        if waits_on_pair(ctx.role, progress) and not _frozen(w):
             return None  # the transfer wedge's rule judges that (on the decode)
         stacks = w.latest("stacks")
         return make_fault(

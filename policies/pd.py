@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
+from typing import Any
 
-from policies.model import Observation, progress_values
+from policies.model import Fault, Observation, make_fault, progress_values
 
 
 class Role(StrEnum):
@@ -134,6 +135,40 @@ def prealloc_blocked(progress: Observation) -> bool:
     a request whose KV cannot fit its pool blocks every later one (real-pd.md §4b)."""
     v = progress_values(progress)
     return bool(v.get("pd_queue")) and v.get("pd_waiting") == 0
+
+
+def transfer_wedge(
+    progress: Observation,
+    prefills: Sequence[Observation | None],
+    stall_after_s: float,
+    strong_fraction: float,
+    now: float,
+    logs: list[Any],
+) -> Fault | None:
+    """A decode's PD queue standing with no request's token (`policies.diagnose` rule 6): the prefill's fault while
+    one is blamed; after `stall_after_s`, or `strong_fraction` of it when every prefill sat idle meanwhile."""
+    v = progress_values(progress)
+    pd_stalled = float(v.get("pd_stalled_s", 0.0))
+    if pd_stalled and prefill_blamed(prefills, stall_after_s, now):
+        return None  # the prefill's own rules judge it; its requests fail here once it is gone
+    idle = prefills_idle(prefills, since=progress.at - pd_stalled)
+    if pd_stalled < stall_after_s * (strong_fraction if idle else 1.0):
+        return None
+    blocked = prealloc_blocked(progress)
+    return make_fault(
+        "pd_transfer_wedge",
+        f"{'pre-allocation' if blocked else 'transfer'} queue stuck at {v.get('pd_queue')} for {pd_stalled:.0f}s, "
+        "no decode progress" + (", every prefill idle" if idle else ""),
+        0.9 if idle else 0.85,
+        onset=progress.at - pd_stalled,
+        progress={
+            "pd_stalled_s": pd_stalled,
+            **{k: v.get(k) for k in ("pd_queue", "pd_waiting", "pd_restarted")},
+        },
+        prefills_idle=idle,
+        logs=logs,
+        tags=["prealloc_blocked" if blocked else ""],
+    )
 
 
 def heartbeat_window_s(interval_s: float, max_failures: float) -> float:

@@ -437,11 +437,11 @@ def test_a_prefill_whose_requests_wait_for_a_decode_is_no_decode_wedge() -> None
 
 def test_a_stopped_decodes_last_published_queue_is_no_transfer_wedge() -> None:
     """Real pair, decode scheduler SIGSTOPped: its /v1/loads snapshot stays as last published (a request waiting
-    for KV); with its scheduler frozen that is no live queue — the frozen rules judge it, not the PD wedge (whose
-    fallback rung a stopped process does not need)."""
+    for KV); with its scheduler frozen that is no live queue — the stall is the decode's own (`decode_wedge`, as on
+    a unified server), not a transfer wedge nor a wait for KV that nobody judges (found: 120 s to detect)."""
     late = S.stall_after_s + 1
     window = [
         stalled(late, pd_queue=1.0, pd_waiting=1.0, pd_stalled_s=late, running=0.0),
         obs("ranks", main_alive=True, missing=[], zombie=[], frozen=["sglang::scheduler"]),
     ]
-    assert diagnose(window, pd_ctx(prefill(idle_at=None)), NOW) is None
+    assert kind_of(window, pd_ctx(prefill(idle_at=None)), NOW) == "decode_wedge"
