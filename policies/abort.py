@@ -7,10 +7,11 @@ times it out only when the client gives up. Nothing of the decode is broken, so 
 wrong cure. SGLang 0.5.23 names no request in that queue (no endpoint lists request ids), so the abort is
 `POST /abort_request {"abort_all": true}`: every request on that decode is stuck behind the blocked one anyway.
 
-The abort restarts the queue's stand (`ProgressTracker.restart_pd`): the same stand seen a whole window later
-(the queue never got shorter: the abort freed nothing) restarts the server on its ladder. A queue that got shorter
-and stands again — a client, or a gateway's retry, sending the long prompt again — is a new stand: aborted again,
-one incident each.
+The abort restarts the queue's stand (`ProgressTracker.restart_pd`). A queue seen shorter since, or a request's
+token, means the abort freed it; what stands after is a new stand, aborted again. A stand still there a whole window
+after an abort that freed nothing is aborted again too — SMG resends an aborted request (five tries by default), and
+the resent long prompt blocks the queue again within a scrape — up to `MAX_ABORTS` in a row; after that the server
+is restarted on its ladder (an abort SGLang takes without effect). Each abort is one incident with its alert.
 """
 
 from __future__ import annotations
@@ -21,17 +22,18 @@ from policies.model import Fault
 from policies.plan import Plan
 
 ABORT_TAGS = frozenset({"prealloc_blocked"})
+MAX_ABORTS = 5  # aborts in a row that free nothing before a restart (SMG's default tries of one request)
 
 
 def abort_first(fault: Fault, levels: Mapping[str, int]) -> Plan | None:
     """Abort the server's requests instead of restarting it, or None (plan a recovery as usual): only for a
-    fault whose tags say the server itself is healthy, and not for the stand an abort already restarted."""
+    fault whose tags say the server itself is healthy, and not after `MAX_ABORTS` aborts in a row freed nothing."""
     tags = {str(t) for t in fault.evidence.get("tags", ())}
-    if not tags & ABORT_TAGS or fault.evidence.get("progress", {}).get("pd_restarted"):
+    if not tags & ABORT_TAGS or int(fault.evidence.get("progress", {}).get("pd_aborts") or 0) >= MAX_ABORTS:
         return None
     why = (
         "the decode's pre-allocation queue stands behind a request its KV pool cannot fit: abort the requests on "
-        "it (POST /abort_request abort_all), no restart; a restart follows only if the same stand is still there "
-        "a window later"
+        f"it (POST /abort_request abort_all), no restart; a restart only after {MAX_ABORTS} aborts in a row freed "
+        "nothing"
     )
     return Plan("abort", why, levels=levels, page=False)

@@ -84,9 +84,7 @@ class ProgressValues(TypedDict, total=False):
     pd_waiting: float | None  # of pd_queue, waiting for the partner (a decode: KV; a prefill: pre-allocation)
     idle_at: float | None  # the newest scrape with nothing running, queued, in flight or in a PD queue
     pd_stalled_s: float
-    pd_restarted: (
-        bool  # the PD queue's stand is the one the supervisor restarted (an abort that freed nothing)
-    )
+    pd_aborts: int  # the supervisor's aborts in a row that did not free the PD queue's stand
     counters: dict[str, float]
 
 

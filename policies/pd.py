@@ -163,7 +163,7 @@ def transfer_wedge(
         onset=progress.at - pd_stalled,
         progress={
             "pd_stalled_s": pd_stalled,
-            **{k: v.get(k) for k in ("pd_queue", "pd_waiting", "pd_restarted")},
+            **{k: v.get(k) for k in ("pd_queue", "pd_waiting", "pd_aborts")},
         },
         prefills_idle=idle,
         logs=logs,

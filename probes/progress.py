@@ -106,18 +106,21 @@ class ProgressTracker:
     idle_at: float | None = None
     pd_last: float = 0.0  # the PD queue at the newest scrape
     pd_held: float | None = None  # the PD queue when the supervisor restarted its stand (None: not restarted)
+    pd_aborts: int = 0  # how many times in a row the supervisor restarted this stand without freeing it
 
     def reset(self, now: float) -> None:
         """A new launch: counters restart from zero, progress counts from now."""
         self.counters, self.last_progress_at, self.work_since = {}, now, None
-        self.pd_since, self.idle_at, self.pd_last, self.pd_held = None, None, 0.0, None
+        self.pd_since, self.idle_at, self.pd_last, self.pd_held, self.pd_aborts = None, None, 0.0, None, 0
 
     def restart_pd(self, now: float) -> None:
         """The supervisor acted on the PD queue (it aborted the requests in it): a queue still standing counts
-        from now, so the action is judged after a whole window of its own. A queue seen shorter than it was then
-        took the action: what stands after that is a new stand (`pd_restarted` false again)."""
+        from now, so the action is judged after a whole window of its own. A queue seen shorter than it was then, or
+        a request's token since, took the action: what stands after that is a new stand (`pd_aborts` 0
+        again; a gateway's retries refill the queue within a scrape, so the shorter queue alone may go unseen).
+        `pd_aborts` counts the restarts of one stand that freed nothing."""
         if self.pd_since is not None:
-            self.pd_since, self.pd_held = now, self.pd_last
+            self.pd_since, self.pd_held, self.pd_aborts = now, self.pd_last, self.pd_aborts + 1
 
     def update(
         self,
@@ -176,7 +179,7 @@ class ProgressTracker:
             "pd_queue": pd_queue,
             "pd_waiting": pd_waiting,
             "pd_stalled_s": round(pd_stalled, 3),
-            "pd_restarted": self.pd_held is not None,
+            "pd_aborts": self.pd_aborts if self.pd_held is not None else 0,
             "idle_at": self.idle_at,
             "counters": dict(self.counters),
         }
@@ -212,11 +215,12 @@ class ProgressTracker:
         """
         self.pd_last = queue or 0.0
         if not queue:
-            self.pd_since = self.pd_held = None
+            self.pd_since, self.pd_held, self.pd_aborts = None, None, 0
             return 0.0
-        if self.pd_held is not None and queue < self.pd_held:
-            self.pd_since = self.pd_held = None
-        if self.pd_since is None or paused or any(m in REQUEST_TOKENS for m in moved):
+        tokens = any(m in REQUEST_TOKENS for m in moved)
+        if self.pd_held is not None and (queue < self.pd_held or tokens):
+            self.pd_since, self.pd_held, self.pd_aborts = None, None, 0
+        if self.pd_since is None or paused or tokens:
             self.pd_since = now
         return now - self.pd_since
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from policies.abort import MAX_ABORTS
 from policies.model import Observation
 from policies.states import ServerState
 from supervisor.daemon import Daemon
@@ -497,13 +498,13 @@ gpus = [{gpu}]
 )
 
 
-def blocked_decode(stand_s: float, restarted: bool = False) -> Callable[[float], list[Observation]]:
-    """A decode whose pre-allocation queue has stood `stand_s` (nothing waits for KV, nothing runs); `restarted`:
-    the stand an abort restarted and never freed."""
+def blocked_decode(stand_s: float, aborts: int = 0) -> Callable[[float], list[Observation]]:
+    """A decode whose pre-allocation queue has stood `stand_s` (nothing waits for KV, nothing runs) through
+    `aborts` aborts that freed nothing."""
 
     def script(now: float) -> list[Observation]:
         values = {"stalled_s": stand_s, "work_reasons": ["generation_requests_active"], "running": 0.0}
-        values |= {"pd_queue": 3.0, "pd_waiting": 0.0, "pd_stalled_s": stand_s, "pd_restarted": restarted}
+        values |= {"pd_queue": 3.0, "pd_waiting": 0.0, "pd_stalled_s": stand_s, "pd_aborts": aborts}
         return [health(now, 200), Observation("progress", now, True, "stalled", 0.01, values)]
 
     return script
@@ -514,7 +515,7 @@ async def test_a_blocked_pre_allocation_queue_is_aborted_not_restarted(
 ) -> None:
     """Real pair: a prompt too large for the decode's pool blocks its pre-allocation queue with /health 200 — the
     decode's requests are aborted (one incident `abort`), the tree keeps serving, the queue's stand restarts; the
-    same stand a window later means the abort did not help: a restart."""
+    same stand after MAX_ABORTS aborts that freed nothing: a restart."""
     host, clock = FakeHost(), FakeClock()
     d = daemon(tmp_path, host, clock, servers=PD_PAIR)
     # its prefill serves, read just now, idle but for the request waiting for the decode's pre-allocation
@@ -530,7 +531,7 @@ async def test_a_blocked_pre_allocation_queue_is_aborted_not_restarted(
             if host.monitors[-1] is not launch:
                 return healthy(now)  # the relaunch serves
             restarts = launch.pd_lease_restarts
-            return blocked_decode(now - restarts[-1] if restarts else 30.0, bool(restarts))(now)
+            return blocked_decode(now - restarts[-1] if restarts else 30.0, len(restarts))(now)
 
         host.script = stand
         await until(lambda: len(host.aborts) == 1)
@@ -538,4 +539,6 @@ async def test_a_blocked_pre_allocation_queue_is_aborted_not_restarted(
         assert [i["action"] for i in incidents(d, "pd_transfer_wedge")] == ["abort"]
         assert loop.state is S.SERVING and host.monitors[-1].pd_lease_restarts
         await until(lambda: len(host.runs) == runs + 1)
-        assert len(host.aborts) == 1 and incidents(d, "pd_transfer_wedge")[-1]["action"] == "relaunch"
+        assert (
+            len(host.aborts) == MAX_ABORTS and incidents(d, "pd_transfer_wedge")[-1]["action"] == "relaunch"
+        )

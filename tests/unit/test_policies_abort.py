@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from policies.abort import abort_first
+from policies.abort import MAX_ABORTS, abort_first
 from policies.model import Fault, make_fault
 
 pytestmark = pytest.mark.unit
 
 
-def blocked(restarted: bool = False, tags: tuple[str, ...] = ("prealloc_blocked",)) -> Fault:
-    progress = {"pd_queue": 3.0, "pd_waiting": 0.0, "pd_stalled_s": 30.0, "pd_restarted": restarted}
+def blocked(aborts: int = 0, tags: tuple[str, ...] = ("prealloc_blocked",)) -> Fault:
+    progress = {"pd_queue": 3.0, "pd_waiting": 0.0, "pd_stalled_s": 30.0, "pd_aborts": aborts}
     return make_fault(
         "pd_transfer_wedge", "pre-allocation queue stuck", 0.85, progress=progress, tags=list(tags)
     )
@@ -23,9 +23,12 @@ def test_a_blocked_pre_allocation_queue_is_aborted_first() -> None:
     assert "abort_request" in plan.reason
 
 
-def test_the_stand_an_abort_restarted_is_not_aborted_again() -> None:
-    """The queue never got shorter after the abort: it freed nothing — restart instead."""
-    assert abort_first(blocked(restarted=True), {}) is None
+def test_a_stand_aborts_did_not_free_is_aborted_again_then_restarted() -> None:
+    """SMG resends an aborted request (five tries by default): the long prompt blocks the queue again within a
+    scrape, so a stand an abort did not visibly free is aborted again — up to MAX_ABORTS in a row, then restarted."""
+    again = abort_first(blocked(aborts=MAX_ABORTS - 1), {})
+    assert again is not None and again.action == "abort"
+    assert abort_first(blocked(aborts=MAX_ABORTS), {}) is None
 
 
 def test_a_transfer_wedge_is_never_aborted() -> None:

@@ -607,8 +607,9 @@ async def test_aborting_a_servers_requests_asks_sglang_to_abort_all(fake: tuple[
 
 
 def test_an_abort_restarts_the_pd_stand_and_a_shorter_queue_ends_it() -> None:
-    """After the supervisor aborted a blocked decode's requests the stand counts from the abort (`pd_restarted`);
-    a queue seen shorter than it was then means the abort freed it: what stands after is a new stand."""
+    """After the supervisor aborted a blocked decode's requests the stand counts from the abort (`pd_aborts`
+    counts the aborts that freed nothing); a shorter queue or a request's token means the abort freed it: what
+    stands after is a new stand."""
     p = ProgressTracker("decode")
     p.reset(0.0)
     busy = parse_metrics('sglang:http_requests_active{endpoint="/generate",method="POST"} 2\n')
@@ -616,7 +617,15 @@ def test_an_abort_restarts_the_pd_stand_and_a_shorter_queue_ends_it() -> None:
     assert p.update(busy, 31.0, pd_live=PdLoads(5.0, 0.0)).values["pd_stalled_s"] == 30.0
     p.restart_pd(31.0)
     same = p.update(busy, 41.0, pd_live=PdLoads(6.0, 0.0)).values
-    assert same["pd_stalled_s"] == 10.0 and same["pd_restarted"] is True
+    assert same["pd_stalled_s"] == 10.0 and same["pd_aborts"] == 1
     new = p.update(busy, 42.0, pd_live=PdLoads(2.0, 0.0)).values
-    assert new["pd_stalled_s"] == 0.0 and new["pd_restarted"] is False
+    assert new["pd_stalled_s"] == 0.0 and new["pd_aborts"] == 0
     assert p.update(busy, 52.0, pd_live=PdLoads(4.0, 0.0)).values["pd_stalled_s"] == 10.0
+    p.restart_pd(52.0)
+    p.restart_pd(53.0)
+    assert p.update(busy, 53.0, pd_live=PdLoads(4.0, 0.0)).values["pd_aborts"] == 2
+    served = parse_metrics(
+        'sglang:http_requests_active{endpoint="/generate",method="POST"} 2\nsglang:generation_tokens_total 9\n'
+    )
+    after = p.update(served, 54.0, pd_live=PdLoads(4.0, 0.0)).values  # a request's token: the abort freed it
+    assert after["pd_aborts"] == 0 and after["pd_stalled_s"] == 0.0
