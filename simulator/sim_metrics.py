@@ -195,6 +195,8 @@ class SimMetrics:
                 "decode_prealloc_queue_reqs": prealloc if mode == "decode" else 0,
                 "decode_transfer_queue_reqs": parked - prealloc if mode == "decode" else 0,
                 "decode_retracted_queue_reqs": 0,
+                "kv_transfer_speed_gb_s": 0.0,
+                "kv_transfer_latency_ms": 0.0,
             },
         }
         aggregate = {
