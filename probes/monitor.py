@@ -16,10 +16,9 @@ uninterruptible sleep, no CPU time) has `/health` probed at once (after the one 
 idle engine is told by its first failed `/health` (SGLang answers 503 after its 20 s health timeout), not after
 `unresponsive_after_s`.
 
-While SGLang reports its engine paused by its client (probes/engine.py, read with every scrape), `/health` (it
-would wait out the pause, then mark SGLang unhealthy) and the canaries stand aside until the pause ends. A PD
-worker's canaries go through a pair (probes/pd_pair.py) and wait while no partner is up; its live PD queues come
-from `/v1/loads` with every scrape.
+While SGLang reports its engine paused by its client (probes/engine.py), `/health` (it would wait out the pause,
+then mark SGLang unhealthy) and the canaries stand aside. A PD worker's canaries go through a pair
+(probes/pd_pair.py), waiting while no partner is up; its live PD queues come from `/v1/loads` with every scrape.
 """
 
 from __future__ import annotations
@@ -61,8 +60,7 @@ from probes.stream_canary import stream_canary
 LOCAL_PERIOD_S, CANARY_RETRY_S, PAIR_RETRY_S = 1.0, 15.0, 2.0
 SIDE_READ_S = 5.0  # /ready, /ping, /v1/loads beside a scrape (a real /ready hung 62 s on a stopped scheduler)
 STARTUP_HEALTH_PERIOD_S = 0.5
-BUSY_SCRAPE_S = 2.0
-SUSPECT_SCRAPE_S = 1.0
+BUSY_SCRAPE_S, SUSPECT_SCRAPE_S = 2.0, 1.0
 ROUTINE_KEEP_S = 60.0  # ≥ the spans policies.diagnose reads of local readings (a strong stall fraction)
 STACKS_AT = (STRONG_STALL_FRACTION * 0.8, 0.5)  # the first dump lands just before the early threshold
 STAND_ASIDE = frozenset({"health", "canary_tool", "canary_stream"})  # while the engine is paused on purpose

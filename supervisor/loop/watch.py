@@ -331,26 +331,18 @@ class Watch:
 
     async def _abort(self, fault: Fault, decided: Next) -> None:
         """Abort the server's requests (policies.abort): the tree keeps serving; an incident and its alert. The
-        PD queue's stand counts from now: the same stand a window later restarts the server."""
+        PD queue's stand counts from now, judged on fresh readings (`policies.abort` decides the next step)."""
         loop = self.loop
         failed = await loop.svc.host.abort_requests(
             loop.cfg.base_url, server_api_key(loop.cfg), self.settings.health_timeout_s
         )
-        self.resumed_at = now = loop.clock.monotonic()  # judged on fresh readings only
+        self.resumed_at = now = loop.clock.monotonic()
         if self.monitor is not None:
             self.monitor.restart_pd_lease(now)
         loop.log.warning("requests.aborted", fault=fault.kind, reason=fault.reason, error=failed or None)
-        outcome = f"; the abort failed: {failed}" if failed else ""
-        loop.svc.incidents.notice(
-            loop.name,
-            loop.clock.wall(),
-            fault.kind,
-            "abort failed" if failed else "abort",
-            f"{fault.reason} → {decided.plan.reason}{outcome}",
-            dict(fault.evidence),
-            loop.owner.argv,
-            loop.owner.rung,
-        )
+        why = f"{fault.reason} → {decided.plan.reason}" + (f"; the abort failed: {failed}" if failed else "")
+        entry = (fault.kind, "abort failed" if failed else "abort", why, dict(fault.evidence))
+        loop.svc.incidents.notice(loop.name, loop.clock.wall(), *entry, loop.owner.argv, loop.owner.rung)
 
     def _undegrade(self, cleared: frozenset[str]) -> None:
         """Degraded ends when the canary whose failure caused it passes again: serving, the alert resolved."""
