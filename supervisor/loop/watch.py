@@ -39,6 +39,7 @@ S = ServerState
 LOG_SETTLE_S = 0.3
 LOG_SETTLE_STEP_S = 0.02
 TAIL_LINES = 300
+ABORT_TIMEOUT_S = 5.0  # SGLang answers an abort at once; the loop must beat again well within its 10 s
 
 
 def probe_settings(loop: Loop) -> ProbeSettings:
@@ -333,9 +334,8 @@ class Watch:
         """Abort the server's requests (policies.abort): the tree keeps serving; an incident and its alert. The
         PD queue's stand counts from now, judged on fresh readings (`policies.abort` decides the next step)."""
         loop = self.loop
-        failed = await loop.svc.host.abort_requests(
-            loop.cfg.base_url, server_api_key(loop.cfg), self.settings.health_timeout_s
-        )
+        timeout = min(self.settings.health_timeout_s, ABORT_TIMEOUT_S)
+        failed = await loop.svc.host.abort_requests(loop.cfg.base_url, server_api_key(loop.cfg), timeout)
         self.resumed_at = now = loop.clock.monotonic()
         if self.monitor is not None:
             self.monitor.restart_pd_lease(now)
