@@ -30,14 +30,22 @@ BUDGET_S = 10.0
 KEEP_BUNDLES = 50
 KEEP_BYTES = 512 * 2**20
 LOG_LINES = 500
+TRACED_RETRY_S = 0.5
 
 
 async def dump_stack(pid: int, timeout_s: float) -> str:
-    """`py-spy dump --pid P` (the stacks probe's runner), bounded in time and size; the error text on failure."""
+    """`py-spy dump --pid P` (the stacks probe's runner), bounded in time and size; the error text on failure.
+    A rank another py-spy holds at that moment (the stacks probe's dump still running) cannot be suspended
+    (EPERM): tried again once, `TRACED_RETRY_S` later, within the same budget."""
     tool = py_spy_path()
     if tool is None:
         return "py-spy not found"
+    start = time.monotonic()
     text, error = await dump(tool, pid, timeout_s)
+    left = timeout_s - (time.monotonic() - start) - TRACED_RETRY_S
+    if not text and "Failed to suspend process" in error and left > 0:
+        await asyncio.sleep(TRACED_RETRY_S)
+        text, error = await dump(tool, pid, left)
     return text or f"py-spy dump of pid {pid} failed: {error}"
 
 

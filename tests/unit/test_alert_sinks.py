@@ -250,7 +250,7 @@ async def test_slow_receiver_times_out_without_blocking_other_sinks(receiver: Re
                 WebhookSink(SecretStr(fast.url("/fast")), SecretStr("k")),
             ],
             metrics,
-            attempt_timeout_s=0.2,
+            attempt_timeout_s=1.0,  # the receiver holds every request 30 s; each try must reach it under load
             max_attempts=2,
         )
         await d.start()
