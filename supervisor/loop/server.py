@@ -333,6 +333,7 @@ class ServerLoop:
                 self.owner.rung,
             )
         elif was and self.owner.state is S.SERVING:
+            self.log.info("server.proven", was=was)
             self.owner.transition(S.SERVING, "canary passed")
 
     # ---- commands and waiting ------------------------------------------------------------------------------

@@ -115,8 +115,9 @@ def test_a_stopped_decode_gets_a_decode_only_restart(pd: RealPdDeployment) -> No
 def test_both_killed_relaunch_once_each_and_join_smg_only_when_the_pair_is_proven(
     pd: RealPdDeployment,
 ) -> None:
-    """Prefill and decode SIGKILLed together: each relaunched once (the decode not again after the prefill), and
-    neither back in SMG before the pair's canary passed on it."""
+    """Prefill and decode SIGKILLed together: both relaunched at once, each once (the decode not again after the
+    prefill: it needs no prefill to start, each request names its bootstrap), and neither back in SMG before the
+    pair's canary passed on it."""
     first = ready(pd, "before")
     killed_at = time.time()
     for name in ("prefill", "decode"):
@@ -129,12 +130,24 @@ def test_both_killed_relaunch_once_each_and_join_smg_only_when_the_pair_is_prove
     for name in ("prefill", "decode"):
         assert after[name]["restarts"] == first[name]["restarts"] + 1, after[name]
     ready(pd, "after")
-    proofs = {n: after[n]["probes"]["probes"]["canary_tool"] for n in ("prefill", "decode")}
     added = [e for e in pd.events("gateway.added") if ts(e) > killed_at]
     assert {e["server"] for e in added} == {"prefill", "decode"}
     for event in added:
-        assert ts(event) >= after[event["server"]]["since"], (event, proofs)
+        proofs = [ts(e) for e in proved(pd, event["server"]) if ts(e) > killed_at]
+        assert proofs and ts(event) >= proofs[0], (event, proofs)
     assert not pd.events("pd.restart_decode")
+
+
+def proved(dep: RealPdDeployment, name: str) -> list[dict[str, Any]]:
+    """When `name` was proven, oldest first: it became serving with its canary passed, or serving unproven passed
+    it later."""
+    became = [
+        e
+        for e in dep.events("state.transition")
+        if e["server"] == name and e["new"] == "serving" and e["reason"] == "health 200 and canary passed"
+    ]
+    later = [e for e in dep.events("server.proven") if e["server"] == name]
+    return sorted(became + later, key=ts)
 
 
 def test_a_planned_prefill_restart_keeps_the_decode(pd: RealPdDeployment) -> None:
