@@ -170,7 +170,7 @@ def cmd_check(path: Path, manifest: Path | None = None) -> int:
     from supervisor.config import ConfigError, load_config
     from supervisor.config.checks import parser_warnings
     from supervisor.config.manifest import ManifestError, check_manifest
-    from supervisor.config.pd_checks import pd_warnings
+    from supervisor.config.pd_checks import pd_warnings, router_warnings
     from supervisor.config.prepare import prepare
     from supervisor.config.stopbudget import advice, stop_budget
     from supervisor.gateway.check import gateway_warnings
@@ -187,7 +187,12 @@ def cmd_check(path: Path, manifest: Path | None = None) -> int:
     except ManifestError as exc:
         print(f"check-config: {exc}", file=sys.stderr)
         return 1
-    found = [*secret_file_warnings(cfg), *parser_warnings(cfg), *pd_warnings(cfg, os.environ)]
+    found = [
+        *secret_file_warnings(cfg),
+        *parser_warnings(cfg),
+        *pd_warnings(cfg, os.environ),
+        *router_warnings(cfg),
+    ]
     found += [*([budget] if short else []), *pod]
     for warning in [*found, *gateway_warnings(cfg)]:
         print(f"warning: {warning}", file=sys.stderr)

@@ -56,3 +56,47 @@ def pd_warnings(config: Config, daemon_env: Mapping[str, str]) -> list[str]:
                     "relaunch the decode keeps the old endpoints until the daemon restarts it"
                 )
     return found
+
+
+def _router_workers(args: tuple[str, ...] | list[str]) -> list[tuple[str, str, str | None]]:
+    """A PD router's `--prefill URL [BOOTSTRAP_PORT]` and `--decode URL` arguments: (flag, url, port or None)."""
+    out: list[tuple[str, str, str | None]] = []
+    for i, arg in enumerate(args):
+        if arg not in ("--prefill", "--decode") or i + 1 >= len(args):
+            continue
+        url = args[i + 1].rstrip("/")
+        port = args[i + 2] if arg == "--prefill" and i + 2 < len(args) else None
+        out.append(
+            (arg, url, port if port is not None and not port.startswith("-") and "://" not in port else None)
+        )
+    return out
+
+
+def router_warnings(config: Config) -> list[str]:
+    """A PD router of this config that sends a decode to a bootstrap endpoint it cannot reach: a `--prefill` of one
+    of the config's prefills without that prefill's bootstrap port, or the roles swapped."""
+    found = []
+    workers = {
+        url.rstrip("/"): s
+        for s in config.servers
+        if s.role in (Role.PREFILL, Role.DECODE)
+        for url in {s.base_url, s.gateway_url}
+    }
+    for i, server in enumerate(config.servers):
+        if server.role is not Role.ROUTER:
+            continue
+        at = f"servers[{i}].args ({server.name})"
+        for flag, url, port in _router_workers(server.args):
+            worker = workers.get(url)
+            if worker is None:
+                continue
+            wanted = Role.PREFILL if flag == "--prefill" else Role.DECODE
+            if worker.role is not wanted:
+                found.append(f"{at}: {flag} {url} is the {worker.role.value} {worker.name!r} of this config")
+            elif worker.role is Role.PREFILL and port != str(worker.bootstrap_port):
+                found.append(
+                    f"{at}: --prefill {url} {port or '(no bootstrap port)'}: the prefill {worker.name!r} "
+                    f"bootstraps on {worker.bootstrap_port} — the router tells each decode that port, the decode "
+                    "cannot fetch the KV, and every request through this router fails"
+                )
+    return found

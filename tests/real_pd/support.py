@@ -33,6 +33,9 @@ COMMON = [
 PREFILL_CPU = ["--disable-overlap-schedule"]  # two CUDA-only calls otherwise (real-pd.md)
 DECODE_CPU = ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
 MOONCAKE_ENV = {"SGLANG_HOST_IP": "127.0.0.1", "MOONCAKE_PROTOCOL": "tcp", "MC_FORCE_TCP": "1"}
+LONG_PROMPT = (
+    "weather Paris sunny servers GPUs story " * 150
+)  # 3605 tokens: + 512 reserved > the 3625-token pool
 # The real tier's fast probes, scraping every 2 s and asking /health every 5 s: two real servers answer them beside
 # make test's parallel workers (a scrape with work in flight still comes every 1-2 s, policies unchanged).
 PD_PROBES = {**PROBES, "metrics_period_s": 2, "health_period_s": 5}

@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 
 from tests.gateway.support import ts
-from tests.real_pd.support import Chats, RealPdDeployment, pair_chat, pd_queue, real_pd_deployment
+from tests.real_pd.support import (
+    LONG_PROMPT,
+    Chats,
+    RealPdDeployment,
+    pair_chat,
+    pd_queue,
+    real_pd_deployment,
+)
 from tests.real_serving.support import READY_S
 from tests.support.gateways import post_chat
 from tests.support.wait import wait_for
@@ -164,11 +171,6 @@ def test_a_planned_prefill_restart_keeps_the_decode(pd: RealPdDeployment) -> Non
     assert after["decode"]["restarts"] == first["decode"]["restarts"]
     assert not pd.events("pd.restart_decode")
     ready(pd, "after")
-
-
-LONG_PROMPT = (
-    "weather Paris sunny servers GPUs story " * 150
-)  # 3605 tokens: + 512 reserved > the 3625-token pool
 
 
 def test_a_prompt_too_large_for_the_decodes_pool_is_aborted_and_nothing_restarted(

@@ -333,6 +333,7 @@ class PdDeployment(Deployment):
     prefill_env: dict[str, str] = field(default_factory=dict)
     decode_env: dict[str, str] = field(default_factory=dict)
     gateway_lines: list[str] = field(default_factory=list)
+    router_bootstrap: str = ""  # the bootstrap port the router names for the prefill ('' = the prefill's own)
 
     def write(self) -> None:
         self.tp = 1
@@ -351,7 +352,8 @@ class PdDeployment(Deployment):
              "--disaggregation-bootstrap-port", str(self.boot)], [1], {**env, **self.decode_env},
              [self.decode_port + 2]),
             ("router", "router", [sys.executable, "-m", "simulator.launch_router"],
-             ["--pd-disaggregation", "--prefill", f"http://127.0.0.1:{self.port}", str(self.boot), "--decode",
+             ["--pd-disaggregation", "--prefill", f"http://127.0.0.1:{self.port}", self.router_bootstrap or str(self.boot),
+              "--decode",
               f"http://127.0.0.1:{self.decode_port}", "--host", "127.0.0.1", "--port", str(self.router_port)],
              [], {"SGLANG_SIM_STATE_DIR": str(self.sim)}, []),
         ]  # fmt: skip
