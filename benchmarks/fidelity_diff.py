@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from typing import Any
 
 from benchmarks import fidelity_pd
 from benchmarks.common import RESULTS
-from benchmarks.fidelity_target import Target, gauge, http_call, metric_shapes
+from benchmarks.fidelity_target import STAMP, Target, gauge, http_call, metric_shapes, normalise
 from tests.real_serving.support import SCRIPTED, tiny_models
 from tests.support.ports import free_port
 from tests.support.real_sglang import real_serving_python
@@ -56,15 +55,6 @@ ENDPOINTS: tuple[tuple[str, str, dict[str, Any] | None], ...] = (
     ),
     ("POST", "/v1/chat/completions", {"model": "m", "messages": "not a list"}),
 )
-_STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Z0-9_]+)?\] ")
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-_PATHISH = re.compile(r"/[\w./-]+")
-
-
-def normalise(line: str) -> str:
-    """A log line without its timestamp prefix, with numbers as N and paths as P (so runs compare)."""
-    text = _STAMP.sub("", line.strip())
-    return _NUMBER.sub("N", _PATHISH.sub("P", text))[:160]
 
 
 def diff_profiles(real: dict[str, Any], sim: dict[str, Any], prefix: str = "") -> list[str]:
@@ -102,7 +92,7 @@ def observe(target: Target, tp: int) -> dict[str, Any]:
             f"{m} {p}#{i}": http_call(m, target.url + p, b, 120)[0] for i, (m, p, b) in enumerate(ENDPOINTS)
         }
         profile["metrics"] = metric_shapes(http_call("GET", target.url + "/metrics", None, 30)[2])
-        profile["startup_log"] = sorted({normalise(x) for x in target.log_lines() if _STAMP.match(x)})
+        profile["startup_log"] = sorted({normalise(x) for x in target.log_lines() if STAMP.match(x)})
         profile["pause"] = {mode: _pause(target, mode) for mode in ("abort", "retract", "in_place")}
         profile["fault"] = _hang(target) if tp >= 2 else _rank_kill(target)
         return profile

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fidelity_target import Target, gauge, http_call, metric_shapes
+from benchmarks.fidelity_target import Target, gauge, http_call, metric_shapes, normalise
 from tests.real_pd.support import COMMON, DECODE_CPU, LONG_PROMPT, MOONCAKE_ENV, PREFILL_CPU
 from tests.real_serving.support import SCRIPTED, tiny_models
 from tests.support.ports import free_port
@@ -106,6 +106,29 @@ def _pd_metrics(target: Target) -> dict[str, list[str]]:
     return {name: labels for name, labels in shapes.items() if any(w in name for w in words)}
 
 
+def _unreachable_bootstrap(prefill: Target, decode: Target) -> dict[str, Any]:
+    """A chat whose bootstrap port no prefill listens on (a router naming the wrong port): what the decode answers,
+    how soon, what it logs; what the prefill's half gets; whether the next chat is served."""
+    mark = len(decode.log_lines())
+    halves = _send_pair(prefill, decode, free_port(), CHAT, 60)
+    answer = halves.result("d", 65)
+    prefill_half = halves.result("p", 5)
+    said = [
+        normalise(x) for x in decode.log_lines()[mark:] if "prefill" in x.lower() or "bootstrap" in x.lower()
+    ]
+    return {
+        "decode": answer and [answer[0], round(answer[1] / 5) * 5, normalise(_RID.sub("", answer[2]))],
+        "prefill_half": prefill_half and prefill_half[0],
+        "decode_log": sorted(set(said))[:5],
+    }
+
+
+def _timed_health(target: Target) -> list[Any]:
+    """`/health`'s status and seconds to the nearest 5 (SGLang answers within its own 20 s health timeout)."""
+    code, took, _ = http_call("GET", target.url + "/health", None, 40)
+    return [code, round(took / 5) * 5]
+
+
 def _long_prompt(prefill: Target, decode: Target, boot: int) -> dict[str, Any]:
     """A prompt the decode's pool cannot fit, through the pair: the queues while it blocks, then abort_all."""
     prompt = LONG_PROMPT if prefill.kind.startswith("real") else SIM_LONG_PROMPT
@@ -118,8 +141,8 @@ def _long_prompt(prefill: Target, decode: Target, boot: int) -> dict[str, Any]:
     seen: dict[str, Any] = {
         "decode_queues": _queues(decode),
         "prefill_queues": _queues(prefill),
-        "decode_health": http_call("GET", decode.url + "/health", None, 10)[0],
-        "prefill_health": http_call("GET", prefill.url + "/health", None, 10)[0],
+        "decode_health": _timed_health(decode),
+        "prefill_health": _timed_health(prefill),
     }
     seen["abort"] = http_call("POST", decode.url + "/abort_request", {"abort_all": True}, 30)[0]
     parked = halves.result("d", 60)
@@ -143,6 +166,8 @@ def observe(prefill: Target, decode: Target, boot: int) -> dict[str, Any]:
         profile["loads_disaggregation_keys"] = sorted(json.loads(loads)["loads"][0]["disaggregation"])
         profile["pd_metrics"] = {"prefill": _pd_metrics(prefill), "decode": _pd_metrics(decode)}
         profile["long_prompt"] = _long_prompt(prefill, decode, boot)
+        profile["unreachable_bootstrap"] = _unreachable_bootstrap(prefill, decode)
+        profile["after_unreachable"] = list(_pair_chat(prefill, decode, boot, 120)[:2])
         prefill.rank("sglang::scheduler").suspend()
         parked: dict[str, Any] = {}
         thread = threading.Thread(target=lambda: parked.update(r=_pair_chat(prefill, decode, boot, 120)))

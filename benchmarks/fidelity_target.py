@@ -19,6 +19,9 @@ import psutil
 from tests.support.daemon import ROOT
 
 READY_S = 900.0
+STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Z0-9_]+)?\] ")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_PATHISH = re.compile(r"/[\w./-]+")
 
 
 def http_call(
@@ -117,3 +120,9 @@ def metric_shapes(text: str) -> dict[str, list[str]]:
         base = re.sub(r"_(bucket|sum|count|total|created)$", "", name.split(" ")[0])
         out.setdefault(base, set()).update(labels)
     return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def normalise(line: str) -> str:
+    """A log line without its timestamp prefix, with numbers as N and paths as P (so runs compare)."""
+    text = STAMP.sub("", line.strip())
+    return _NUMBER.sub("N", _PATHISH.sub("P", text))[:160]

@@ -195,7 +195,8 @@ def _unanswered(result: ChatResult) -> Verdict | None:
     if result.status is None:
         return Verdict(INCONCLUSIVE, f"no answer: {result.error or 'timeout'}", answered=False)
     if result.status != 200:
-        return Verdict(INCONCLUSIVE, f"HTTP {result.status}", answered=False)
+        said = f": {result.error}" if result.error else ""
+        return Verdict(INCONCLUSIVE, f"HTTP {result.status}{said}", answered=False)
     return None
 
 

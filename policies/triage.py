@@ -10,7 +10,12 @@ Phase and role rules live here, once:
   lines name a more specific kind first (`gpu_fault`, `oom`), and a collective hang or GPU fault the probes saw
   before the death wins over the death it caused.
 - **The router** is judged on its own liveness only (`health_unresponsive`, and `startup_stalled` when its
-  `/health` has not answered within `startup_budget_s`): wedges behind it belong to the decode or prefill.
+  `/health` has not answered within `startup_budget_s`): wedges behind it belong to the decode or prefill. Its
+  canary goes through it, so it is proven only once a prefill and a decode behind it serve: until the config's
+  prefills and decodes are up it serves unproven without a warning, as a PD worker waits for its partner.
+- **A pair up, its canary inconclusive**: a server that served unproven while its pair was not up warns once
+  `canary_inconclusive_limit` canaries through the pair stayed inconclusive (a router that sends the decodes to a
+  bootstrap port no prefill listens on: the decode's own 500 is the reason).
 - **Starting**: only `parser_misconfig`, `startup_stalled` and the wedges (`STARTUP_WEDGES`) count; 503 and a
   closed port are normal. Startup ends (`serving`) when `/health` is 200 and the canary gate opens:
   `canary_mode = "require"` needs the tool canary (and the reasoning canary when a reasoning parser is expected)
@@ -58,6 +63,7 @@ STARTUP_WEDGES = frozenset(
 )
 STARTING_FAULTS = STARTUP_WEDGES | {FaultKind.PARSER_MISCONFIG, FaultKind.STARTUP_STALLED}
 _TREE_OVERRIDES = frozenset({FaultKind.GPU_FAULT, FaultKind.COLLECTIVE_HANG})
+AWAITING = "serving unproven: awaiting"  # how the warning of a server whose pair is not up yet begins
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,8 @@ class ServerFacts:
     prefills: tuple[
         Observation | None, ...
     ] = ()  # a decode: each prefill's newest progress (None: not serving)
-    awaiting: str = ""  # a PD worker with no partner up: the role its pair canary waits for
+    awaiting: str = ""  # a PD worker or router whose pair is not up: what its canary waits for ("a decode")
+    unproven: str = ""  # why it serves unproven now ('' when proven, or not serving)
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ class Triage:
 
     fault: Fault | None = None
     serving: bool = False  # startup proven now: starting → serving
-    unproven: str = ""  # serving although the canary never passed: the warning for status and alerts
+    unproven: str = ""  # serving although the canary never passed (or no longer awaits its pair): the warning
     waiting_for: str = ""  # while starting: what the gate still waits for
     proven: bool = False  # the newest tool canary passed (clears a serving-unproven warning)
     # alert-only fault kinds whose newest canary now passes (a degraded server serves again)
@@ -150,30 +157,46 @@ def _canary_gate(window: Sequence[Observation], facts: ServerFacts) -> Triage:
         o is not None and canary_values(o).get("verdict") == "pass" for o in verdicts.values()
     ):
         return Triage(serving=True)
-    inconclusive = [
+    if facts.awaiting:  # the canary needs the pair: it serves, unproven, until the pair is up
+        why = f"{AWAITING} {facts.awaiting} with /health 200 to prove the pair"
+        return Triage(serving=True, unproven=why, awaiting_partner=True)
+    inconclusive, why = _inconclusive(window, facts, wanted)
+    if why:
+        return Triage(serving=True, unproven=why)
+    if not any(verdicts.values()):
+        return Triage(waiting_for="the first canary (/health is 200)")
+    return Triage(
+        waiting_for=f"a passing canary ({inconclusive} of {s.canary_inconclusive_limit} inconclusive so far)"
+    )
+
+
+def _inconclusive(
+    window: Sequence[Observation], facts: ServerFacts, wanted: Sequence[str]
+) -> tuple[int, str]:
+    """The inconclusive canaries of this launch, and the warning once they reach the limit ('' before)."""
+    found = [
         o
         for o in window
         if o.probe in wanted
         and o.at >= facts.started_at
         and canary_values(o).get("verdict") == "inconclusive"
     ]
-    if len(inconclusive) >= s.canary_inconclusive_limit:
-        last = max(inconclusive, key=lambda o: o.at)
-        why = (
-            f"serving unproven: {len(inconclusive)} inconclusive canaries with /health 200 "
-            f"(last: {canary_values(last).get('reason') or last.detail})"
-        )
-        return Triage(serving=True, unproven=why)
-    if not any(verdicts.values()):
-        if facts.awaiting:  # a PD worker's canary needs the pair: it serves, unproven, until a partner is up
-            why = f"serving unproven: awaiting a {facts.awaiting} with /health 200 to prove the pair"
-            return Triage(serving=True, unproven=why, awaiting_partner=True)
-        return Triage(waiting_for="the first canary (/health is 200)")
-    return Triage(
-        waiting_for=(
-            f"a passing canary ({len(inconclusive)} of {s.canary_inconclusive_limit} inconclusive so far)"
-        )
+    if len(found) < facts.settings.canary_inconclusive_limit:
+        return len(found), ""
+    last = max(found, key=lambda o: o.at)
+    why = (
+        f"serving unproven: {len(found)} inconclusive canaries with /health 200 "
+        f"(last: {canary_values(last).get('reason') or last.detail})"
     )
+    return len(found), why
+
+
+def _still_unproven(window: Sequence[Observation], facts: ServerFacts, proven: bool) -> str:
+    """A server that served unproven while its pair was not up, whose pair is up now and whose canaries through
+    it stay inconclusive: the warning that replaces the wait ('' otherwise)."""
+    if proven or facts.awaiting or not facts.unproven.startswith(AWAITING):
+        return ""
+    return _inconclusive(window, facts, ("canary_tool",))[1]
 
 
 def _waiting_for_health(window: Sequence[Observation]) -> str:
@@ -205,15 +228,17 @@ def triage(window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, n
     )
     if tree.losses:
         return Triage(fault=_tree_fault(window, tree, facts, ctx, now))
+    tool = _latest(window, "canary_tool")
+    proven = tool is not None and canary_values(tool).get("verdict") == "pass"
     if facts.role == "router":
         if phase == "starting":
             health = _latest(window, "health")
             if health is not None and health.ok:
-                return Triage(serving=True)
+                return _canary_gate(window, facts)
             late = _router_startup_spent(window, facts, now)
             return Triage(fault=late) if late else Triage(waiting_for=_waiting_for_health(window))
         fault = diagnose(window, ctx, now, only={FaultKind.HEALTH_UNRESPONSIVE})
-        return Triage(fault=fault)
+        return Triage(fault=fault, proven=proven, unproven=_still_unproven(window, facts, proven))
     if phase == "starting":
         # before the first /health 200 the warmup's first forward (compiling) may outlast the stall window:
         # only startup_stalled judges that phase, besides a parser failure and a fatal GPU error
@@ -228,15 +253,15 @@ def triage(window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, n
             return Triage(waiting_for=_waiting_for_health(window))
         return _canary_gate(window, facts)
     fault = diagnose(window, ctx, now)
-    tool, stream = _latest(window, "canary_tool"), _latest(window, "canary_stream")
-    proven = tool is not None and canary_values(tool).get("verdict") == "pass"
+    stream = _latest(window, "canary_stream")
     cleared = {FaultKind.PARSER_MISCONFIG.value} if proven else set()
     if stream is not None and canary_values(stream).get("verdict") == "pass":
         cleared.add(FaultKind.STREAM_LEAK.value)
     engine = _latest(window, "engine")
     if engine is not None and not engine_values(engine).get("paused"):
         cleared.add(FaultKind.PAUSE_OVERRUN.value)
-    return Triage(fault=fault, proven=proven, cleared=frozenset(cleared))
+    unproven = _still_unproven(window, facts, proven)
+    return Triage(fault=fault, proven=proven, unproven=unproven, cleared=frozenset(cleared))
 
 
 def quiet(window: Sequence[Observation]) -> bool:

@@ -29,7 +29,7 @@ from policies.leaks import (
 )
 from policies.model import CanaryValues, Observation, ProbeSettings
 from policies.parsers_table import parsers_match
-from probes.base import auth_headers, read_capped
+from probes.base import auth_headers, error_message, read_capped
 from probes.pd_pair import PdPair, prefill_half
 
 TOOL_NAME = "get_weather"
@@ -216,8 +216,7 @@ async def _chat(
             url, json=body, headers=auth_headers(api_key), timeout=aiohttp.ClientTimeout(total=timeout_s)
         ) as resp:
             if resp.status != 200:
-                await read_capped(resp, 4096)
-                return ChatResult(resp.status)
+                return ChatResult(resp.status, error=error_message(await read_capped(resp, 4096)))
             if not body.get("stream"):
                 raw = await read_capped(resp, max_bytes)
                 return from_json(json.loads(raw))

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from probes.base import auth_headers, read_capped
+from probes.base import auth_headers, error_message, read_capped
 
 LOADS_MAX_BYTES = 256 * 1024
 PD_LOAD_QUEUES = {
@@ -66,8 +66,11 @@ async def prefill_half(
         async with session.post(
             url, json=body, headers=auth_headers(api_key), timeout=aiohttp.ClientTimeout(total=timeout_s)
         ) as resp:
-            await read_capped(resp, LOADS_MAX_BYTES)
-            return "" if resp.status == 200 else f"prefill answered HTTP {resp.status}"
+            raw = await read_capped(resp, LOADS_MAX_BYTES)
+            if resp.status == 200:
+                return ""
+            said = error_message(raw)
+            return f"prefill answered HTTP {resp.status}" + (f": {said}" if said else "")
     except TimeoutError:
         return f"prefill gave no answer within {timeout_s:g}s"
     except (aiohttp.ClientError, OSError) as exc:

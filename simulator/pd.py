@@ -8,7 +8,8 @@ the trigger's size never pre-allocates and blocks every later request (real-pd.m
 `/abort_request` aborts all. A decode's heartbeat forgets a prefill whose bootstrap server missed two beats (5 s
 apart), so a prefill replaced after that is found anew; one back sooner — or any, with the
 `prefill_replaced_decode_stale` fault — leaves the decode waiting on the stale endpoints (failure H7, real-pd.md)
-until it is restarted itself. A request without a bootstrap room is refused with SGLang's 400.
+until it is restarted itself. A request without a bootstrap room is refused with SGLang's 400; one whose bootstrap endpoint the decode cannot
+reach is aborted after 15 tries a second apart (SGLang's lines, a 500).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from simulator.sim_metrics import SimMetrics
 
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's warmup and health requests: no real KV transfer
 POLL_S = 0.05
+ENSURE_TRIES = 15  # SGLang's decode: tries to fetch a prefill's info, one scheduling pass a second apart
 
 
 class PdSide:
@@ -53,7 +55,9 @@ class PdSide:
         self.bootstrap_timeout = float(os.environ.get("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "300"))
         self.bootstrapping: set[str] = set()  # prefill: rooms waiting for a decode to pre-allocate
         self.preallocated: set[str] = set()  # prefill: rooms a decode pre-allocated (its handshake came)
+        self.abandoned: set[str] = set()  # prefill: rooms whose decode aborted them before pre-allocating
         self.prealloc: list[str] = []  # decode: rooms waiting to pre-allocate, in order
+        self.reached: set[str] = set()  # decode: bootstrap addresses whose prefill info it fetched
         self.aborts = 0  # `/abort_request` abort_all calls: a parked request seeing it change ends aborted
 
     def abort_all(self) -> None:
@@ -86,6 +90,7 @@ class PdSide:
                     if misses[addr] >= limit:
                         misses.pop(addr)
                         self.known_prefill.pop(addr, None)
+                        self.reached.discard(addr)
                         self.prefill_lost = False
                         affected = self.waiting.pop(addr, set())
                         self.failed |= affected
@@ -101,10 +106,16 @@ class PdSide:
         app.router.add_get("/route", self._bootstrap_health)
         app.router.add_get("/sim/kv/{room}", self._kv)
         app.router.add_post("/sim/prealloc/{room}", self._handshake)
+        app.router.add_post("/sim/abort/{room}", self._abandon)
         return app
 
     async def _handshake(self, request: web.Request) -> web.Response:
         self.preallocated.add(request.match_info["room"])
+        return web.Response(text="OK")
+
+    async def _abandon(self, request: web.Request) -> web.Response:
+        """The decode aborted the room (SGLang's abort notification): the prefill fails it too."""
+        self.abandoned.add(request.match_info["room"])
         return web.Response(text="OK")
 
     async def _bootstrap_health(self, request: web.Request) -> web.Response:
@@ -160,6 +171,9 @@ class PdSide:
         addr = f"{host}:{port}"
         aborts = self.aborts
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
+            failed = await self._reach(session, addr, room)
+            if failed is not None:
+                return failed
             blocked = await self._preallocate(session, addr, room, prompt_tokens, aborts)
             return blocked if blocked is not None else await self._transfer(session, addr, room, aborts)
 
@@ -171,6 +185,12 @@ class PdSide:
             while room not in self.preallocated:
                 if self.aborts != aborts:
                     return _aborted(room)
+                if room in self.abandoned:
+                    log(
+                        f"Prefill bootstrap failed for request rank=0 req.rid='{uuid.uuid4().hex}' "
+                        f"req.bootstrap_room={room} with exception KVTransferError(bootstrap_room={room})"
+                    )
+                    return _error(f"Prefill bootstrap failed for request rank=0 req.bootstrap_room={room}")
                 if time.monotonic() > deadline:
                     message = f"Request {room} timed out after {self.bootstrap_timeout:.1f}s in KVPoll.Bootstrapping"
                     log(
@@ -182,6 +202,40 @@ class PdSide:
         finally:
             self.bootstrapping.discard(room)
             self.preallocated.discard(room)
+            self.abandoned.discard(room)
+
+    async def _reach(self, session: aiohttp.ClientSession, addr: str, room: str) -> web.Response | None:
+        """Decode side: fetch the prefill's info from its bootstrap server (`/route`) once per address, as SGLang
+        does before pre-allocating: ENSURE_TRIES tries 1 s apart, counted in the pre-allocation queue; then the
+        request is aborted with SGLang's lines and a 500 (a bootstrap endpoint the decode cannot reach)."""
+        if addr in self.reached:
+            return None
+        self.prealloc.append(room)
+        self.engine.parked += 1
+        try:
+            for tries in range(1, ENSURE_TRIES + 1):
+                try:
+                    async with session.get(f"http://{addr}/route") as resp:
+                        if resp.status == 200:
+                            self.reached.add(addr)
+                            return None
+                        error = f"Failed to get prefill server info: {resp.status}"
+                except (TimeoutError, aiohttp.ClientError) as exc:
+                    error = f"Error fetching prefill server info from bootstrap: {exc!r}"
+                log(error)
+                if tries < ENSURE_TRIES:
+                    await asyncio.sleep(1.0)
+        finally:
+            self.prealloc.remove(room)
+            self.engine.parked -= 1
+        log(f"Could not fetch prefill parallel info from {addr} after {ENSURE_TRIES} attempts")
+        message = (
+            f"Decode handshake failed for request rank=0 decode_req.req.rid='{uuid.uuid4().hex}' "
+            f"decode_req.req.bootstrap_room={room} with exception KVTransferError(bootstrap_room={room}): "
+            "Aborted by AbortReq."
+        )
+        log(message)
+        return _error(message)
 
     async def _preallocate(
         self, session: aiohttp.ClientSession, addr: str, room: str, prompt_tokens: int, aborts: int
@@ -198,6 +252,9 @@ class PdSide:
                         f"Decode handshake failed for request rank=0 decode_req.req.bootstrap_room={room} with "
                         f"exception KVTransferError(bootstrap_room={room}): Aborted by AbortReq."
                     )
+                    with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+                        async with session.post(f"http://{addr}/sim/abort/{room}") as resp:
+                            await resp.read()
                     return _aborted(room)
                 await asyncio.sleep(POLL_S)
         finally:

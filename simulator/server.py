@@ -150,7 +150,9 @@ class SimServer:
         tic = time.time()
         submitted = False
         while time.time() < tic + self.health_timeout:
-            if not submitted and not self.pause.paused:  # while paused it waits before the scheduler
+            # while paused it waits before the scheduler; on a decode, behind its pre-allocation queue (a prompt
+            # the pool cannot fit blocks it: /health 503 after the timeout, as on the real decode)
+            if not submitted and not self.pause.paused and not self.pd.prealloc:
                 self.engine.submit_health()
                 submitted = True
             await asyncio.sleep(1)

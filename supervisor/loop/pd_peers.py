@@ -55,11 +55,23 @@ def pair(svc: Services, name: str) -> PdPair | None:
 
 
 def awaiting(svc: Services, name: str) -> str:
-    """The role a PD worker waits for to prove the pair ('' when one is up, or not a PD worker)."""
+    """What a PD worker or router waits for to prove the pair: "a decode" for a prefill with no decode up, "a
+    prefill and a decode" for a router none of whose config's prefills and decodes is up; '' when nothing."""
     me = svc.loops.get(name)
-    if me is None or me.cfg.role not in PARTNER or pair(svc, name) is not None:
+    if me is None:
         return ""
-    return PARTNER[me.cfg.role].value
+    if me.cfg.role is Role.ROUTER:
+        peers = list(svc.loops.values())
+        missing = [
+            role
+            for role in PARTNER
+            if any(p.cfg.role is role for p in peers)
+            and not any(p.cfg.role is role and _up(p) for p in peers)
+        ]
+        return " and ".join(f"a {role.value}" for role in missing)
+    if me.cfg.role not in PARTNER or pair(svc, name) is not None:
+        return ""
+    return f"a {PARTNER[me.cfg.role].value}"
 
 
 def prefills(svc: Services, name: str, now: float) -> tuple[Observation | None, ...]:

@@ -31,7 +31,7 @@ from policies.pd import Role
 from policies.plan import PARSER_KEY, Plan, build_argv, parser_ladder
 from policies.spec import spec_hash
 from policies.states import ServerState, resume_target
-from policies.triage import PlanFacts, plan
+from policies.triage import AWAITING, PlanFacts, plan
 from supervisor.config import ServerConfig
 from supervisor.host import proctree
 from supervisor.host.flaghelp import HelpUnavailable
@@ -317,10 +317,13 @@ class ServerLoop:
 
     def set_unproven(self, why: str, alert: bool = True) -> None:
         """Serving without a passing canary (a warning unless `alert` is off: a PD worker awaiting its
-        partner), or proven again when `why` is empty."""
+        partner; and once the pair is up but the canary through it is not passing), or proven when `why` is ''."""
         was = self.owner.unproven
-        if not self.owner.set_unproven(why):
+        waited = was.startswith(AWAITING) and bool(why) and not why.startswith(AWAITING)
+        if not self.owner.set_unproven(why) and not waited:
             return
+        if waited:
+            self.owner.transition(self.owner.state, why)
         if why and alert:
             self.svc.incidents.notice(
                 self.name,

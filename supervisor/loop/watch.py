@@ -234,6 +234,7 @@ class Watch:
             settings=self.settings,
             prefills=pd_peers.prefills(loop.svc, loop.name, now),
             awaiting=pd_peers.awaiting(loop.svc, loop.name),
+            unproven=owner.unproven,
         )
         tree = TreeFacts(
             tuple(losses), run.returncode() if losses else None, tuple(run.tail(TAIL_LINES) if losses else ())
@@ -247,8 +248,8 @@ class Watch:
         elif owner.state is S.STARTING and result.waiting_for != self.waiting_for:
             self.waiting_for = result.waiting_for
             owner.transition(S.STARTING, f"waiting for {result.waiting_for}")
-        if owner.state in (S.SERVING, S.DEGRADED) and owner.unproven and result.proven:
-            loop.set_unproven("")
+        if owner.state in (S.SERVING, S.DEGRADED) and owner.unproven and (result.proven or result.unproven):
+            loop.set_unproven("" if result.proven else result.unproven)
         if owner.state is S.DEGRADED and result.fault is None and self.degraded is not None:
             self._undegrade(result.cleared)
         if owner.state is S.SERVING and not owner.paused:

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tests.support.daemon import PdDeployment, Traffic
 from tests.support.http import http
+from tests.support.ports import free_port
 from tests.support.wait import wait_for
 
 Servers = dict[str, dict[str, Any]]
+CLI = str(Path(sys.executable).with_name("sglang-supervisor"))
 
 
 def all_serving(s: Servers) -> bool:
@@ -151,5 +156,38 @@ def test_a_prompt_too_large_for_the_decode_is_aborted_and_the_decode_kept(tmp_pa
         for name in ("prefill", "decode"):
             assert final[name]["pid"] == first[name]["pid"] and final[name]["restarts"] == 0, name
             assert final[name]["fallback"]["rung"] == 0, name
+    finally:
+        dep.cleanup()
+
+
+def test_a_router_naming_a_bootstrap_port_no_prefill_listens_on_warns_with_sglangs_line(
+    tmp_path: Path,
+) -> None:
+    """Bad input: the router's `--prefill URL PORT` names the wrong bootstrap port, so the decode cannot fetch the
+    KV of any request through it. check-config says so; at run time the prefill and decode are proven through
+    their own pair, the router serves unproven (awaiting them, then a warning with the decode's own 500 once its
+    canaries through them stay inconclusive) and nothing is restarted: no loop on a config error."""
+    dep = PdDeployment(tmp_path, router_bootstrap=str(free_port()))
+    try:
+        dep.write()
+        checked = subprocess.run(
+            [CLI, "check-config", "--config", str(dep.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert "the decode cannot fetch the KV, and every request through this router fails" in checked.stderr
+        dep.start()
+        after = dep.wait_all(
+            lambda s: "Decode handshake failed" in (s["router"]["unproven"] or ""),
+            timeout=240,
+            what="the router's warning",
+        )
+        assert after["router"]["unproven"].startswith("serving unproven: 3 inconclusive canaries")
+        assert all(s["restarts"] == 0 and s["state"] == "serving" for s in after.values()), after
+        assert not after["prefill"]["unproven"] and not after["decode"]["unproven"]
+        journal = [json.loads(x) for x in (dep.root / "state" / "incidents.jsonl").read_text().splitlines()]
+        notices = [i for i in journal if i["fault"] == "canary_unproven"]
+        assert [i["server"] for i in notices] == ["router"], notices
     finally:
         dep.cleanup()

@@ -183,7 +183,8 @@ LONG_CHAT = {
 
 def test_a_prompt_too_large_for_the_decodes_pool_blocks_it_until_aborted(tmp_path: Path) -> None:
     """real-pd.md §4b: the oversized prompt never leaves the decode's pre-allocation queue and every later request
-    queues behind it (the prefill holds each in its bootstrap queue), /health 200 on both; `/abort_request`
+    queues behind it (the prefill holds each in its bootstrap queue), /health 200 on the prefill and 503 on the
+    decode (its health request queues too, as the real decode's did in the fidelity diff); `/abort_request`
     abort_all ends them (500 `Aborted by AbortReq.`) and the next request is served."""
     scenario = {"SGLANG_SIM_SCENARIO": "pd_prompt_exceeds_decode_pool"}
     router = "/v1/chat/completions"
@@ -197,7 +198,9 @@ def test_a_prompt_too_large_for_the_decodes_pool_blocks_it_until_aborted(tmp_pat
         wait_for(lambda: pd_queues(pd.decode)["decode_prealloc_queue_reqs"] == 2, 10, "a request behind it")
         assert pd_queues(pd.prefill)["prefill_bootstrap_queue_reqs"] == 2
         assert pd_queues(pd.decode)["decode_transfer_queue_reqs"] == 0
-        assert pd.decode.get("/health").status == 200 and pd.prefill.get("/health").status == 200
+        assert pd.prefill.get("/health").status == 200
+        # the decode's own health request waits behind the blocked queue: 503 after SGLang's 20 s health timeout
+        assert pd.decode.get("/health", timeout=40).status == 503
         assert http(f"{pd.decode.base_url}/abort_request", "POST", {"abort_all": True}).status == 200
         reply = blocked.result(timeout=30)
         assert reply.status == 500 and b"Aborted by AbortReq." in reply.body

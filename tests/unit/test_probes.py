@@ -15,6 +15,7 @@ from aiohttp import web
 from policies.leaks import FAIL, INCONCLUSIVE, PASS
 from policies.model import ProbeSettings, TreeView
 from policies.triage import ServerFacts, TreeFacts, Triage, triage
+from probes.base import error_message
 from probes.canary import chat, from_json, reassemble, tool_canary
 from probes.gpu_probe import GpuWatch
 from probes.health import probe_health
@@ -330,6 +331,7 @@ class FakeServer:
         self.rooms: list[object] = []  # the bootstrap room of each chat request (None without one)
         self.loads: list[dict[str, object]] = []
         self.aborts: list[object] = []
+        self.chat_status = 200
 
     async def health(self, request: web.Request) -> web.Response:
         self.requests.append("/health")
@@ -342,7 +344,7 @@ class FakeServer:
         self.rooms.append(body.get("bootstrap_room"))
         if body.get("stream"):
             return web.Response(body=self.stream_body, content_type="text/event-stream")
-        return web.Response(body=self.plain_body, content_type="application/json")
+        return web.Response(body=self.plain_body, status=self.chat_status, content_type="application/json")
 
     async def metrics_h(self, request: web.Request) -> web.Response:
         self.requests.append("/metrics")
@@ -408,6 +410,37 @@ async def test_tool_canary_verdicts_from_recorded_bodies(fake: tuple[FakeServer,
         server.plain_body = json.dumps(leak).encode()
         failed = await tool_canary(session, url, "m", settings)
         assert failed.values["verdict"] == FAIL and "<|tool_calls_section_begin|>" in failed.values["leaks"]
+
+
+async def test_an_error_answer_keeps_sglangs_own_message(fake: tuple[FakeServer, str]) -> None:
+    """A canary answered 500 is inconclusive and says why in SGLang's words (a decode that cannot reach the
+    prefill's bootstrap server), in one bounded line."""
+    server, url = fake
+    message = (
+        "Decode handshake failed for request rank=0 … with exception KVTransferError(bootstrap_room=7):\n"
+    )
+    server.plain_body = json.dumps({"object": "error", "message": message + "x" * 500, "code": 500}).encode()
+    server.chat_status = 500
+    async with aiohttp.ClientSession() as session:
+        obs = await tool_canary(session, url, "m", ProbeSettings(canary_timeout_s=5))
+    reason = str(obs.values["reason"])
+    assert obs.values["verdict"] == INCONCLUSIVE
+    assert reason.startswith("non-stream: HTTP 500: Decode handshake failed for request rank=0")
+    assert "\n" not in reason
+    assert len(reason) < 300
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        (b'{"error": {"message": "no workers", "code": 503}}', "no workers"),
+        (b'{"error": "insufficient healthy workers"}', "insufficient healthy workers"),
+        (b"Service Unavailable\r\n", "Service Unavailable"),
+        (b"", ""),
+    ],
+)
+def test_error_message_reads_each_shape_of_error_body(raw: bytes, said: str) -> None:
+    assert error_message(raw) == said
 
 
 async def test_chat_reads_are_bounded(fake: tuple[FakeServer, str]) -> None:

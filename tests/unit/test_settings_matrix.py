@@ -163,7 +163,9 @@ def observe(
     paused = striking == "pause_overrun" and not router  # a router has no engine to pause
     if striking == "health_unresponsive" or paused:  # a probe that timed out took its whole timeout
         found = [Observation("health", now, False, "timeout", settings.health_timeout_s, {"status": None})]
-    if router:
+    if router:  # its canary goes through it to the pair
+        if settings.canaries_on and tick % CANARY_EVERY == 0:
+            found.append(obs("canary_tool", True, "pass", verdict="pass"))
         return found
     work: dict[str, Any] = {"work": False, "stalled_s": 0.0, "pd_stalled_s": 0.0}
     if striking in ("decode_wedge", "collective_hang", "pause_overrun"):

@@ -104,6 +104,45 @@ def test_router_is_judged_on_its_liveness_only() -> None:
     assert triage([stalled], TreeFacts(), facts(role="router"), NOW).fault is None
 
 
+def test_a_router_is_proven_by_its_canary_through_the_pair() -> None:
+    """/health 200 alone does not make a router serving: its canary through the prefill and decode behind it
+    must pass; while none of them is up it serves unproven without a warning, as a PD worker waits."""
+    health = obs("health", status=200)
+    waiting = ServerFacts("router", "starting", NOW - 100, S, awaiting="a prefill and a decode")
+    result = triage([health], TreeFacts(), waiting, NOW)
+    assert result.serving and result.awaiting_partner
+    assert (
+        result.unproven
+        == "serving unproven: awaiting a prefill and a decode with /health 200 to prove the pair"
+    )
+    assert not triage([health], TreeFacts(), facts("starting", role="router"), NOW).serving
+    passed = triage(
+        [health, obs("canary_tool", verdict="pass")], TreeFacts(), facts("starting", role="router"), NOW
+    )
+    assert passed.serving and not passed.unproven
+
+
+def test_a_pair_up_whose_canary_stays_inconclusive_turns_the_wait_into_a_warning() -> None:
+    """Served unproven while the pair was not up; the pair is up now and the canary through it fails with the
+    decode's own 500 (a router naming a bootstrap port no prefill listens on): the warning says so, once the
+    inconclusive limit is reached; a passing canary proves it."""
+    reason = "non-stream: HTTP 500: Decode handshake failed for request rank=0 … Aborted by AbortReq."
+    failing = [
+        obs("canary_tool", ok=False, at=NOW - i, verdict="inconclusive", reason=reason) for i in range(3)
+    ]
+    for role in ("router", "prefill"):
+        waited = ServerFacts(role, "serving", NOW - 100, S, unproven="serving unproven: awaiting a decode …")
+        result = triage(failing, TreeFacts(), waited, NOW)
+        assert (
+            result.unproven.startswith("serving unproven: 3 inconclusive canaries")
+            and reason in result.unproven
+        )
+        assert not triage(failing[:2], TreeFacts(), waited, NOW).unproven
+        still = ServerFacts(role, "serving", NOW - 100, S, awaiting="a decode", unproven=waited.unproven)
+        assert not triage(failing, TreeFacts(), still, NOW).unproven
+        assert triage([obs("canary_tool", verdict="pass")], TreeFacts(), waited, NOW).proven
+
+
 def test_startup_excludes_faults_that_only_count_when_serving() -> None:
     """While starting, a long /health failure is not `health_unresponsive`."""
     window = [obs("health", ok=False, at=NOW - 300 + 10 * i, status=503) for i in range(30)]
