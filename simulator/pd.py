@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 import uuid
@@ -144,6 +145,9 @@ class PdSide:
             self.worker_dead = bool(fault and fault.params.get("variant", "B") == "B")
             return
         self.rooms.add(room)
+        self.metrics.kv_transferred(
+            2.0, prompt_tokens=max(1, len(json.dumps(body.get("messages") or "")) // 4)
+        )
 
     async def gate(
         self, body: dict[str, Any], openai: bool = True, prompt_tokens: int = 0
@@ -263,6 +267,7 @@ class PdSide:
         with contextlib.suppress(TimeoutError, aiohttp.ClientError):
             async with session.post(f"http://{addr}/sim/prealloc/{room}") as resp:
                 await resp.read()
+        self.metrics.kv_transferred(2.0)
         return None
 
     async def _transfer(

@@ -16,6 +16,21 @@ from typing import Any
 TTFT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 400.0)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 E2E_BUCKETS = (0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 2400.0)
+# SGLang 0.5.23's KV transfer histograms (a PD prefill observes all five per transfer, a decode the first two)
+KV_TRANSFER_BUCKETS = {
+    "kv_transfer_bootstrap_ms": (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500),
+    "kv_transfer_alloc_ms": (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500),
+    "kv_transfer_latency_ms": (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000),
+    "kv_transfer_speed_gb_s": (0.1, 0.5, 1, 5, 10, 25, 50, 100, 200, 400),
+    "kv_transfer_total_mb": (1, 5, 10, 50, 100, 500, 1000, 5000, 10000),
+}
+# Every stats log writes these, whatever the mode (SGLang's `log_stats`), next to the batch gauges
+STATS_GAUGES = (
+    "kv_available_tokens", "kv_used_tokens", "kv_evictable_tokens",
+    "num_prefill_bootstrap_queue_reqs", "num_prefill_inflight_queue_reqs",
+    "num_decode_prealloc_queue_reqs", "num_decode_transfer_queue_reqs", "num_decode_deferred_kv_release_reqs",
+    "pending_prealloc_token_usage", "prealloc_full_token_usage", "prealloc_swa_token_usage",
+)  # fmt: skip
 
 
 class _Histogram:
@@ -57,10 +72,11 @@ class SimMetrics:
             "cache_hit_rate": 0.0,
             "num_used_tokens": 0,
         }
-        if engine_type == "decode":
-            self.gauges.update({"num_decode_prealloc_queue_reqs": 0, "num_decode_transfer_queue_reqs": 0})
-        if engine_type == "prefill":
-            self.gauges.update({"num_prefill_bootstrap_queue_reqs": 0, "num_prefill_inflight_queue_reqs": 0})
+        self.gauges.update(dict.fromkeys(STATS_GAUGES, 0))
+        self.gauges["kv_available_tokens"] = 4096
+        # a decode writes its stats only with decode batches (every --decode-log-interval steps): none until then
+        self.stats_logged = engine_type != "decode"
+        self.kv_transfer = {name: _Histogram(b) for name, b in KV_TRANSFER_BUCKETS.items()}
         self.counters: dict[tuple[str, str], float] = defaultdict(float)
         self.ttft_h = _Histogram(TTFT_BUCKETS)
         self.itl_h = _Histogram(ITL_BUCKETS)
@@ -80,6 +96,8 @@ class SimMetrics:
         self.gauges["num_queue_reqs"] = queue
         self.gauges["token_usage"] = round(min(0.95, 0.04 + running * 0.01), 2) if running or parked else 0.0
         self.gauges["num_used_tokens"] = running * 512
+        self.gauges["kv_used_tokens"] = running * 512
+        self.gauges["kv_available_tokens"] = max(0, 4096 - running * 512)
         if self.engine_type == "decode":
             self.gauges["num_decode_transfer_queue_reqs"] = parked
         if self.engine_type == "prefill":
@@ -92,6 +110,7 @@ class SimMetrics:
             mode = "prefill_cuda_graph" if self.cuda_graph else "prefill_none"
             self.counters[("cuda_graph_passes_total", f'mode="{mode}"')] += 1
             self._set_batch_gauges(running, 0, parked)
+            self.stats_logged |= self.engine_type != "decode"  # a decode's "prefill" is its KV arriving
             del new
 
     def decode_step(self, tokens: int) -> None:
@@ -108,6 +127,7 @@ class SimMetrics:
             self._set_batch_gauges(running, queue, parked)
             rate = round(50.0 * max(running, 1), 2) if throughput is None else throughput
             self.gauges["gen_throughput"] = rate
+            self.stats_logged = True
 
     def idle_tick(self) -> None:
         """The idle stats every 30 s: throughput 0, the PD queue gauges as they were (real-pd.md §4a: a decode
@@ -135,6 +155,17 @@ class SimMetrics:
             self.counters[("generation_tokens_total", "")] += generated
             self.counters[("num_requests_total", "")] += 1
             self.e2e_h.observe(e2e_s)
+
+    def kv_transferred(self, bootstrap_ms: float, prompt_tokens: int | None = None) -> None:
+        """A request's KV bootstrap (both sides) and, on the prefill (`prompt_tokens` given), its transfer."""
+        with self._lock:
+            self.kv_transfer["kv_transfer_bootstrap_ms"].observe(bootstrap_ms)
+            self.kv_transfer["kv_transfer_alloc_ms"].observe(1.0)
+            if prompt_tokens is not None:
+                total_mb = prompt_tokens * 0.07  # a DeepSeek-sized layer stack: ~70 KB of KV per token
+                self.kv_transfer["kv_transfer_total_mb"].observe(total_mb)
+                self.kv_transfer["kv_transfer_latency_ms"].observe(5.0)
+                self.kv_transfer["kv_transfer_speed_gb_s"].observe(total_mb / 5.0)
 
     def transfer_failed(self) -> None:
         """A PD KV transfer failed (decode side)."""
@@ -220,7 +251,8 @@ class SimMetrics:
         sched = base + ',tp_rank="0",pp_rank="0",moe_ep_rank="0"'
         out: list[str] = []
         with self._lock:
-            for name, value in self.gauges.items():
+            constants = [("kv_cache_memory_usage_gb", 0.1)]
+            for name, value in [*constants, *(self.gauges.items() if self.stats_logged else ())]:
                 out += [
                     f"# HELP sglang:{name} {name}",
                     f"# TYPE sglang:{name} gauge",
@@ -241,6 +273,10 @@ class SimMetrics:
             ):
                 out += [f"# HELP sglang:{hname} {hname}", f"# TYPE sglang:{hname} histogram"]
                 out += hist.render(f"sglang:{hname}", base)
+            for hname, hist in self.kv_transfer.items():
+                if hist.n:
+                    out += [f"# HELP sglang:{hname} {hname}", f"# TYPE sglang:{hname} histogram"]
+                    out += hist.render(f"sglang:{hname}", sched)
             out += ["# HELP sglang:http_requests_active active", "# TYPE sglang:http_requests_active gauge"]
             for (ep, method), n in sorted(self.http_active.items()):
                 out.append(f'sglang:http_requests_active{{endpoint="{ep}",method="{method}"}} {n}')
