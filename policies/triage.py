@@ -192,11 +192,14 @@ def _inconclusive(
 
 
 def _still_unproven(window: Sequence[Observation], facts: ServerFacts, proven: bool) -> str:
-    """A server that served unproven while its pair was not up, whose pair is up now and whose canaries through
-    it stay inconclusive: the warning that replaces the wait ('' otherwise)."""
+    """A server that served unproven while its pair was not up, whose pair is up now: still a wait (no warning)
+    until its canaries through the pair reach the inconclusive limit, then the warning ('' when proven or still
+    waiting for the pair)."""
     if proven or facts.awaiting or not facts.unproven.startswith(AWAITING):
         return ""
-    return _inconclusive(window, facts, ("canary_tool",))[1]
+    count, why = _inconclusive(window, facts, ("canary_tool",))
+    limit = facts.settings.canary_inconclusive_limit
+    return why or f"{AWAITING} a passing canary through its pair, up now ({count} of {limit} inconclusive)"
 
 
 def _waiting_for_health(window: Sequence[Observation]) -> str:

@@ -137,7 +137,11 @@ def test_a_pair_up_whose_canary_stays_inconclusive_turns_the_wait_into_a_warning
             result.unproven.startswith("serving unproven: 3 inconclusive canaries")
             and reason in result.unproven
         )
-        assert not triage(failing[:2], TreeFacts(), waited, NOW).unproven
+        waiting = triage(failing[:2], TreeFacts(), waited, NOW).unproven
+        assert (
+            waiting
+            == "serving unproven: awaiting a passing canary through its pair, up now (2 of 3 inconclusive)"
+        )
         still = ServerFacts(role, "serving", NOW - 100, S, awaiting="a decode", unproven=waited.unproven)
         assert not triage(failing, TreeFacts(), still, NOW).unproven
         assert triage([obs("canary_tool", verdict="pass")], TreeFacts(), waited, NOW).proven
