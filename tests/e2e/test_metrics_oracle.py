@@ -71,10 +71,12 @@ def test_parsers_agree_on_a_tp2_server_idle_then_after_traffic(tmp_path: Path) -
     assert buckets and max(buckets) >= 1, "a histogram saw the traffic"
 
 
-def test_parsers_agree_on_a_pd_decode_server(tmp_path: Path) -> None:
-    """A PD decode server exposes its transfer-queue gauges; both parsers read them the same."""
-    args = ("--disaggregation-mode", "decode", "--enable-metrics", "--model-path", "Qwen/Qwen3-8B")
+def test_parsers_agree_on_a_pd_prefill_server(tmp_path: Path) -> None:
+    """A PD prefill's stats write every PD queue gauge, the decode's too (as the real prefill's do; a real decode
+    writes none until a decode batch's stats); both parsers read them the same."""
+    args = ("--disaggregation-mode", "prefill", "--enable-metrics", "--model-path", "Qwen/Qwen3-8B")
     with launched_sim(tmp_path, *args) as sim:
         samples = agree(sim)
-    assert any(dict(labels).get("engine_type") == "decode" for _, labels, _ in samples)
-    assert any("transfer_queue" in name for name, _, _ in samples)
+    assert any(dict(labels).get("engine_type") == "prefill" for _, labels, _ in samples)
+    names = {name for name, _, _ in samples}
+    assert {"sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_decode_transfer_queue_reqs"} <= names
