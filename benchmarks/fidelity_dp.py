@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fidelity_target import Target, http_call, metric_shapes
+from benchmarks.fidelity_target import Target, http_call, metric_shapes, worlds
 from tests.real_serving.support import SCRIPTED, tiny_models
 from tests.support.ports import free_port
 from tests.support.real_sglang import real_serving_python
@@ -118,9 +118,7 @@ def profiles(sim_only: bool, work: Path) -> dict[str, Any]:
     python = real_serving_python()
     model = tiny_models(python) / SCRIPTED
     out: dict[str, Any] = {}
-    for kind in ("sim",) if sim_only else ("sim", "real"):
-        where = work / f"dp-{kind}"
-        where.mkdir()
+    for kind, where in worlds(sim_only, work, "dp"):
         port = free_port(3)
         module = "simulator.launch_server" if kind == "sim" else "sglang.launch_server"
         argv = [sys.executable if kind == "sim" else str(python), "-m", module, "--model-path", str(model)]

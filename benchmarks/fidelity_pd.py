@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fidelity_target import Target, gauge, http_call, metric_shapes, normalise
+from benchmarks.fidelity_target import Target, gauge, http_call, metric_shapes, normalise, worlds
 from tests.real_pd.support import COMMON, DECODE_CPU, LONG_PROMPT, MOONCAKE_ENV, PREFILL_CPU
 from tests.real_serving.support import SCRIPTED, tiny_models
 from tests.support.ports import free_port
@@ -248,8 +248,6 @@ def profiles(sim_only: bool, work: Path) -> dict[str, Any]:
     python = real_pd_python()
     model = tiny_models(python) / SCRIPTED
     out: dict[str, Any] = {}
-    for kind in ("sim",) if sim_only else ("sim", "real"):
-        where = work / f"pd-{kind}"
-        where.mkdir()
+    for kind, where in worlds(sim_only, work, "pd"):
         out[kind] = observe(*_pair(kind, sys.executable if kind == "sim" else str(python), model, where))
     return out

@@ -11,6 +11,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,11 @@ def normalise(line: str) -> str:
     """A log line without its timestamp prefix, with numbers as N and paths as P (so runs compare)."""
     text = STAMP.sub("", line.strip())
     return _NUMBER.sub("N", _PATHISH.sub("P", text))[:160]
+
+
+def worlds(sim_only: bool, work: Path, section: str) -> Iterator[tuple[str, Path]]:
+    """Each world a section profiles ("sim", then "real" unless `sim_only`) with a fresh folder for it under `work`."""
+    for kind in ("sim",) if sim_only else ("sim", "real"):
+        where = work / f"{section}-{kind}"
+        where.mkdir()
+        yield kind, where

@@ -187,13 +187,8 @@ def cmd_check(path: Path, manifest: Path | None = None) -> int:
     except ManifestError as exc:
         print(f"check-config: {exc}", file=sys.stderr)
         return 1
-    found = [
-        *secret_file_warnings(cfg),
-        *parser_warnings(cfg),
-        *pd_warnings(cfg, os.environ),
-        *router_warnings(cfg),
-    ]
-    found += [*([budget] if short else []), *pod]
+    found = [*secret_file_warnings(cfg), *parser_warnings(cfg), *pd_warnings(cfg, os.environ)]
+    found += [*router_warnings(cfg), *([budget] if short else []), *pod]
     for warning in [*found, *gateway_warnings(cfg)]:
         print(f"warning: {warning}", file=sys.stderr)
     problems = check_target_flags(cfg)
