@@ -158,7 +158,8 @@ def _canary_gate(window: Sequence[Observation], facts: ServerFacts) -> Triage:
     ):
         return Triage(serving=True)
     if facts.awaiting:  # the canary needs the pair: it serves, unproven, until the pair is up
-        why = f"{AWAITING} {facts.awaiting} with /health 200 to prove the pair"
+        proves = "behind it" if facts.role == "router" else "to prove the pair"
+        why = f"{AWAITING} {facts.awaiting} with /health 200 {proves}"
         return Triage(serving=True, unproven=why, awaiting_partner=True)
     inconclusive, why = _inconclusive(window, facts, wanted)
     if why:

@@ -55,8 +55,9 @@ def pair(svc: Services, name: str) -> PdPair | None:
 
 
 def awaiting(svc: Services, name: str) -> str:
-    """What a PD worker or router waits for to prove the pair: "a decode" for a prefill with no decode up, "a
-    prefill and a decode" for a router none of whose config's prefills and decodes is up; '' when nothing."""
+    """What a PD worker or router waits for to prove itself: "a decode" for a prefill with no decode up; for a
+    router, each kind of worker of its config none of which is up ("a prefill and a decode", "a unified server");
+    '' when nothing."""
     me = svc.loops.get(name)
     if me is None:
         return ""
@@ -64,11 +65,11 @@ def awaiting(svc: Services, name: str) -> str:
         peers = list(svc.loops.values())
         missing = [
             role
-            for role in PARTNER
+            for role in (Role.PREFILL, Role.DECODE, Role.UNIFIED)
             if any(p.cfg.role is role for p in peers)
             and not any(p.cfg.role is role and _up(p) for p in peers)
         ]
-        return " and ".join(f"a {role.value}" for role in missing)
+        return " and ".join("a unified server" if r is Role.UNIFIED else f"a {r.value}" for r in missing)
     if me.cfg.role not in PARTNER or pair(svc, name) is not None:
         return ""
     return f"a {PARTNER[me.cfg.role].value}"

@@ -542,3 +542,31 @@ async def test_a_blocked_pre_allocation_queue_is_aborted_not_restarted(
         assert (
             len(host.aborts) == MAX_ABORTS and incidents(d, "pd_transfer_wedge")[-1]["action"] == "relaunch"
         )
+
+
+ROUTED_UNIFIED = f"""
+[[servers]]
+name = "sim"
+command = ["{sys.executable}", "-m", "simulator.launch_server"]
+args = ["--model-path", "Qwen/Qwen3-8B", "--port", "31999"]
+gpus = [0]
+[[servers]]
+name = "router"
+role = "router"
+command = ["{sys.executable}", "-m", "sglang_router.launch_router"]
+args = ["--worker-urls", "http://127.0.0.1:31999", "--port", "31990"]
+"""
+
+
+async def test_a_router_waits_for_its_workers_without_an_alert(tmp_path: Path) -> None:
+    """A router answers /health 200 before its workers load: it serves unproven, with no alert, until one of the
+    config's workers is up; its canary through it then proves it."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock, servers=ROUTED_UNIFIED)
+    host.scripts["router"] = inconclusive
+    async with running(d, "router") as loop:
+        await until(lambda: loop.state is S.SERVING)
+        assert loop.owner.unproven == "serving unproven: awaiting a unified server with /health 200 behind it"
+        assert not incidents(d, "canary_unproven")
+        host.scripts["router"] = healthy
+        await until(lambda: not loop.owner.unproven)

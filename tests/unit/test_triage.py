@@ -111,10 +111,7 @@ def test_a_router_is_proven_by_its_canary_through_the_pair() -> None:
     waiting = ServerFacts("router", "starting", NOW - 100, S, awaiting="a prefill and a decode")
     result = triage([health], TreeFacts(), waiting, NOW)
     assert result.serving and result.awaiting_partner
-    assert (
-        result.unproven
-        == "serving unproven: awaiting a prefill and a decode with /health 200 to prove the pair"
-    )
+    assert result.unproven == "serving unproven: awaiting a prefill and a decode with /health 200 behind it"
     assert not triage([health], TreeFacts(), facts("starting", role="router"), NOW).serving
     passed = triage(
         [health, obs("canary_tool", verdict="pass")], TreeFacts(), facts("starting", role="router"), NOW
