@@ -56,7 +56,7 @@ from policies.model import (
     stacks_values,
 )
 from policies.pause import pause_overrun, paused_engine
-from policies.pd import prefill_blamed, transfer_wedge, waits_on_pair
+from policies.pd import awaits_kv, prefill_blamed, transfer_wedge, waits_on_pair
 from policies.window import Window
 
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95})
@@ -191,7 +191,7 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
     if (
         ctx.role == "decode"
         and waits_on_pair(ctx.role, progress)
-        and prefill_blamed(ctx.prefills, ctx.settings.stall_after_s, now)
+        and prefill_blamed(ctx.prefills, ctx.settings.stall_after_s, now, awaits_kv(progress))
     ):
         return None  # the prefill's own rules judge it (its stopped scheduler parks the decode's requests)
     full = _stalled(w, ctx) is not None

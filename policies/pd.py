@@ -100,11 +100,15 @@ BLAME_FRACTION = 0.25  # of the stall window: a prefill stalled this long explai
 STALE_FRACTION = 0.5  # of the stall window: a prefill's newest reading this old no longer vouches for it
 
 
-def prefill_blamed(prefills: Sequence[Observation | None], stall_after_s: float, now: float) -> str:
+def prefill_blamed(
+    prefills: Sequence[Observation | None], stall_after_s: float, now: float, kv_awaited: bool = False
+) -> str:
     """Why a decode's wait for KV is a prefill's fault ('' when no prefill explains it): a prefill not serving,
     its metrics unreadable or not read for half the stall window, or its own work stalled for a quarter of it
     (real-pd.md §4a: a stopped prefill scheduler parks the decode's request with `/health` 200 on the decode).
-    A prefill whose work all waits for a decode's pre-allocation is stalled by the decode, not by itself."""
+    A prefill whose work all waits for a decode's pre-allocation is stalled by the decode, not by itself — unless
+    the decode already waits for KV (`kv_awaited`: it pre-allocated, so the prefill's bootstrap queue is a stale
+    snapshot of a stopped scheduler, seen on the real pair when the stop caught a request being bootstrapped)."""
     for i, obs in enumerate(prefills):
         if obs is None:
             return f"prefill {i} is not serving"
@@ -113,7 +117,8 @@ def prefill_blamed(prefills: Sequence[Observation | None], stall_after_s: float,
         if now - obs.at >= stall_after_s * STALE_FRACTION:
             return f"prefill {i}'s metrics were last read {now - obs.at:.0f}s ago"
         stalled = float(progress_values(obs).get("stalled_s", 0.0))
-        if stalled >= stall_after_s * BLAME_FRACTION and not waits_on_pair(Role.PREFILL, obs):
+        waits = waits_on_pair(Role.PREFILL, obs) and not kv_awaited
+        if stalled >= stall_after_s * BLAME_FRACTION and not waits:
             return f"prefill {i} has had work in flight with no progress for {stalled:.0f}s"
     return ""
 
@@ -128,6 +133,11 @@ def waits_on_pair(role: str, progress: Observation) -> bool:
     if role == Role.DECODE:
         return queue > 0
     return role == Role.PREFILL and waiting > 0 and queue <= waiting
+
+
+def awaits_kv(progress: Observation) -> bool:
+    """A decode with requests in its transfer queue: pre-allocated, waiting for a prefill's KV."""
+    return float(progress_values(progress).get("pd_waiting") or 0.0) > 0
 
 
 def prealloc_blocked(progress: Observation) -> bool:
@@ -149,7 +159,7 @@ def transfer_wedge(
     one is blamed; after `stall_after_s`, or `strong_fraction` of it when every prefill sat idle meanwhile."""
     v = progress_values(progress)
     pd_stalled = float(v.get("pd_stalled_s", 0.0))
-    if pd_stalled and prefill_blamed(prefills, stall_after_s, now):
+    if pd_stalled and prefill_blamed(prefills, stall_after_s, now, awaits_kv(progress)):
         return None  # the prefill's own rules judge it; its requests fail here once it is gone
     idle = prefills_idle(prefills, since=progress.at - pd_stalled)
     if pd_stalled < stall_after_s * (strong_fraction if idle else 1.0):

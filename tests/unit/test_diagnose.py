@@ -425,6 +425,16 @@ def test_a_blocked_pre_allocation_queue_is_the_decodes_own_stand() -> None:
     assert fault is not None and fault.evidence["tags"] == []
 
 
+def test_a_stopped_prefills_stale_bootstrap_queue_does_not_clear_it() -> None:
+    """Real pair under load: the stop caught a request in the prefill's bootstrap queue, and its frozen snapshot
+    says it waits for the decode — but the decode pre-allocated that request and waits for its KV. The prefill is
+    blamed: the decode stands aside (no `pd_transfer_wedge`, found in the real tier: both were restarted)."""
+    late = S.stall_after_s + 1
+    stale = obs("progress", idle_at=None, stalled_s=late, pd_queue=1.0, pd_waiting=1.0, running=0.0)
+    awaiting_kv = [stalled(late, pd_queue=1.0, pd_waiting=1.0, pd_stalled_s=late, running=0.0)]
+    assert diagnose(awaiting_kv, pd_ctx(stale), NOW) is None
+
+
 def test_a_prefill_whose_requests_wait_for_a_decode_is_no_decode_wedge() -> None:
     """The prefill's requests all sit in its bootstrap queue (the decode has not pre-allocated): its stall is the
     decode's, judged on the decode; a prefill with its own work stalled is still a wedge."""
