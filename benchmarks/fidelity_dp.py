@@ -3,7 +3,7 @@ against the real SGLang 0.5.23 at `--dp-size 2` on CPU and the simulator with th
 
 Recorded per world: the tree's titles; `/v1/loads` (how many entries, their keys and `dp_rank`s); the metric names
 that carry a `dp_rank` label; a `/generate` and a chat completion routed to DP rank 1 (`routed_dp_rank`) and which
-rank's token counter moved; then, with DP rank 1's scheduler SIGSTOPped and a request routed to it in flight: a
+rank's token counter moved; one routed to a rank that does not exist; then, with DP rank 1's scheduler SIGSTOPped and a request routed to it in flight: a
 request routed to rank 0 (served or not), `/health` four times (status and seconds), whether each rank's `/v1/loads`
 `timestamp` and token counter still move, and the running counts `/v1/loads` reports per rank.
 
@@ -30,11 +30,19 @@ GENERATE = {"text": "hello", "sampling_params": {"max_new_tokens": 8}}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
 
-def _loads(target: Target) -> list[dict[str, Any]]:
+def _body(target: Target) -> dict[str, Any]:
     _, _, text = http_call("GET", target.url + "/v1/loads", None, 10)
     try:
-        return list(json.loads(text)["loads"])
-    except (ValueError, KeyError, TypeError):
+        body = json.loads(text)
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _loads(target: Target) -> list[dict[str, Any]]:
+    try:
+        return list(_body(target)["loads"])
+    except (KeyError, TypeError):
         return []
 
 
@@ -59,9 +67,13 @@ def observe(target: Target) -> dict[str, Any]:
     try:
         target.wait_ready()
         profile: dict[str, Any] = {"titles": target.titles()}
-        loads = _loads(target)
+        body = _body(target)
+        loads = list(body.get("loads") or [])
         profile["loads"] = {
             "entries": len(loads),
+            "top_keys": sorted(body),
+            "dp_rank_count": body.get("dp_rank_count"),
+            "aggregate_keys": sorted(body.get("aggregate") or {}),
             "keys": sorted({k for entry in loads for k in entry}),
             "dp_ranks": [entry.get("dp_rank") for entry in loads],
         }
@@ -75,6 +87,8 @@ def observe(target: Target) -> dict[str, Any]:
             "chat": chat,
             "moved": _moved(before, _tokens_by_rank(target)),
         }
+        code, _, said = http_call("POST", target.url + "/generate", {**GENERATE, "routed_dp_rank": 2}, 60)
+        profile["routed_to_2"] = [code, said.strip()[:200]]
         profile["rank1_stopped"] = _stopped(target)
         return profile
     finally:

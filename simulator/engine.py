@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from simulator.faults import FaultBook
-from simulator.logs import log
+from simulator.logs import log, rank_prefix
 from simulator.sim_metrics import SimMetrics
 
 Sink = Callable[[list[str], bool, str], None]  # (new tokens, finished, finish_reason)
+IDLE_PUBLISH_S = 0.2  # an idle scheduler loop publishes its load snapshot this often (SGLang: each loop)
 
 
 @dataclass
@@ -58,6 +59,9 @@ class Engine:
         decode_log_interval: int,
         rank_pids: list[int],
         cross_node: Callable[[dict[str, object]], None] | None = None,
+        dp_rank: int | None = None,
+        dp_size: int = 1,
+        dp_attention: bool = False,
     ) -> None:
         self.conns = conns
         self.leaders = leaders
@@ -73,6 +77,10 @@ class Engine:
         )
         self.rank_pids = rank_pids
         self.cross_node = cross_node  # the collective with the other nodes of a multi-node group
+        self.dp_rank = dp_rank  # None: not data-parallel
+        self.dp_size = dp_size
+        self.dp_attention = dp_attention  # the DP ranks share the MoE collectives: one stuck rank holds all
+        self.prefix = rank_prefix(dp_rank, 0, tp_size) if tp_size > 1 or dp_rank is not None else ""
         self.decode_log_interval = max(1, decode_log_interval)
         self.cond = threading.Condition()
         self.waiting: list[Req] = []
@@ -191,7 +199,7 @@ class Engine:
         while True:
             with self.cond:
                 while not self.stopping and (self.dead or self._nothing_to_do()):
-                    self.cond.wait(timeout=1.0)
+                    self.cond.wait(timeout=IDLE_PUBLISH_S)
                     if not self.dead and not self.paused:
                         self.snapshot_at = time.time()
                     if time.monotonic() - last_idle_log >= 30.0 and not self.paused:
@@ -235,6 +243,11 @@ class Engine:
             return "desync:overlap_tp_desync_hang", self.step_s
         if user and self.tp_size >= 2 and f.check("watchdog_disabled_silent_wedge"):
             return "desync:watchdog_disabled_silent_wedge", self.step_s
+        if user and self._mine("dp_rank_wedge") and f.check("dp_rank_wedge"):
+            return "spin:dp_rank_wedge", self.step_s
+        if user and self._mine("dp_rank_slow") and f.check("dp_rank_slow"):
+            fault = f.get("dp_rank_slow")
+            return "", self.step_s * float(fault.params.get("factor", 50) if fault else 50)
         if user and f.check("custom_allreduce_spin_sigterm_immune"):
             return "spin:custom_allreduce_spin_sigterm_immune", self.step_s
         if user and self.speculative and f.check("spec_decode_kernel_spin", max_tokens=longest):
@@ -256,6 +269,16 @@ class Engine:
                 return "", float(fault.params.get("chunk_s", 25)) if fault else 25.0
         return "", self.step_s
 
+    def _mine(self, name: str) -> bool:
+        """A fault of one DP rank (param `dp_rank`, the last rank by default) is this engine's; with DP attention a
+        rank's fault, once fired, holds every rank at its next step."""
+        fault = self.faults.get(name)
+        if fault is None or self.dp_rank is None:
+            return False
+        if self.dp_attention and fault.fired_at is not None:
+            return True
+        return int(fault.params.get("dp_rank", self.dp_size - 1)) == self.dp_rank
+
     def _ima_due(self) -> bool:
         """The rank aborts `crash_after_s` after the fault fired (0: at once); until then the GPU's Xid is on record
         while the ranks still run, as when a card falls off the bus and the next CUDA call fails."""
@@ -276,7 +299,7 @@ class Engine:
                     f"Prefill batch, #new-seq: {len(new)}, #new-token: {tokens}, #cached-token: 0, token usage: "
                     f"{self.metrics.token_usage:.2f}, #running-req: {len(running) - len(new)}, #queue-req: 0, "
                     f"#pending-token: 0, cuda graph: False, input throughput (token/s): {tokens / max(step_s, 1e-3):.2f}",
-                    "TP0" if self.tp_size > 1 else "",
+                    self.prefix,
                 )
         kind, _, fault_name = mode.partition(":")
         batch: dict[str, object] = {"op": "step", "step": step, "step_s": step_s, "mode": kind}
@@ -284,7 +307,7 @@ class Engine:
             batch["ahead"] = [self.tp_size - 1]
         if kind in ("desync", "spin"):
             self.wedged = fault_name
-            self.health_busy_path = fault_name != "watchdog_disabled_silent_wedge"
+            self.health_busy_path = fault_name not in ("watchdog_disabled_silent_wedge", "dp_rank_wedge")
         if kind == "spin":
             batch["ignore_sigterm"] = fault_name == "custom_allreduce_spin_sigterm_immune"
             batch["kernel"] = "spec" if fault_name == "spec_decode_kernel_spin" else "allreduce"
@@ -331,9 +354,9 @@ class Engine:
             if req.first_token_at is None:
                 req.first_token_at = now
                 if req.kind == "user":
-                    self.metrics.ttft(now - req.created)
+                    self.metrics.tokenizer.ttft(now - req.created)
             elif req.kind == "user":
-                self.metrics.itl(now - req.last_token_at)
+                self.metrics.tokenizer.itl(now - req.last_token_at)
             req.last_token_at = now
             done = req.pos >= len(req.tokens)
             req.sink([token], done, req.finish_reason if done else "")
@@ -342,7 +365,7 @@ class Engine:
         self.metrics.decode_step(decode)
         for req in finished:
             if req.kind == "user":
-                self.metrics.finished(req.prompt_tokens, len(req.tokens), now - req.created)
+                self.metrics.tokenizer.finished(req.prompt_tokens, len(req.tokens), now - req.created)
         with self.cond:
             self.running = [r for r in self.running if r not in finished]
             running_now = len(self.running)
@@ -352,7 +375,7 @@ class Engine:
                 f"Decode batch, #running-req: {running_now}, #token: {running_now * 64}, token usage: "
                 f"{self.metrics.token_usage:.2f}, cuda graph: True, gen throughput (token/s): "
                 f"{running_now / max(self.step_s, 1e-3):.2f}, #queue-req: 0",
-                "TP0" if self.tp_size > 1 else "",
+                self.prefix,
             )
 
     def _watchdog_loop(self) -> None:
@@ -367,7 +390,7 @@ class Engine:
             if self.wedged == "watchdog_disabled_silent_wedge" or self.dead:
                 continue  # disabled by the flag / the rank whose watchdog would fire died with it
             if time.monotonic() - last_change >= self.watchdog_timeout:
-                prefix = "TP0" if self.tp_size > 1 else ""
+                prefix = self.prefix
                 log(f"Scheduler debug info: scheduler.cur_batch.batch_size()={len(self.running)}", prefix)
                 for pid in self.rank_pids:
                     log(f"Pyspy dump for PID {pid}", prefix)

@@ -67,6 +67,14 @@ CATALOG: dict[str, tuple[dict[str, Any], str]] = {
         "a burst of client disconnects crashes the tokenizer",
     ),
     "restart_same_port_hang": ({"on_start": True}, "after an unclean restart, requests hang after ~100"),
+    "dp_rank_wedge": (
+        {"after_requests": 3},
+        "one DP rank (param dp_rank, the last by default) spins with a batch; the others serve",
+    ),
+    "dp_rank_slow": (
+        {"after_requests": 3},
+        "one DP rank's steps take `factor` (50) times longer; it still moves",
+    ),
 }
 
 TRIGGER_KEYS = (

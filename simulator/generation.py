@@ -15,7 +15,8 @@ from aiohttp import web
 
 from simulator import pd
 from simulator.cli import SimServerArgs
-from simulator.engine import Engine, Req
+from simulator.dp import DpEngines, RouteError
+from simulator.engine import Req
 from simulator.errors import error, read_json
 from simulator.families import ChatRequest, generate_chat, generate_text
 from simulator.faults import FaultBook
@@ -31,7 +32,7 @@ class Generation:
     def __init__(
         self,
         args: SimServerArgs,
-        engine: Engine,
+        engine: DpEngines,
         faults: FaultBook,
         pd_side: pd.PdSide,
         family: str,
@@ -69,8 +70,21 @@ class Generation:
             return self.served <= limit
         return True
 
+    def _routed(self, body: dict[str, Any]) -> int | str | None:
+        """The DP rank a request names (`routed_dp_rank`), None when it names none, or why it cannot be routed."""
+        rank = body.get("routed_dp_rank")
+        if rank is None:
+            return None
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            return f"routed_dp_rank={rank!r} is not an integer"
+        try:
+            self.engine.route(rank)
+        except RouteError as exc:
+            return str(exc)
+        return rank
+
     async def _submit(
-        self, tokens: list[str], prompt_tokens: int, finish: str
+        self, tokens: list[str], prompt_tokens: int, finish: str, routed: int | None = None
     ) -> asyncio.Queue[tuple[list[str], bool, str]]:
         if self.gate is not None:
             await self.gate.wait_open()
@@ -80,7 +94,7 @@ class Generation:
         def sink(new: list[str], done: bool, reason: str) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (new, done, reason))
 
-        self.engine.submit(Req(f"{uuid.uuid4().hex}", tokens, prompt_tokens, finish, sink))
+        self.engine.submit(Req(f"{uuid.uuid4().hex}", tokens, prompt_tokens, finish, sink), routed)
         return queue
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -100,8 +114,9 @@ class Generation:
             else " ".join(map(str, body.get("input_ids", [])))
         )
         too_long = self._too_long(max(1, len(str(prompt)) // 4))
-        if too_long:
-            return web.json_response({"error": {"message": too_long}}, status=400)
+        routed = self._routed(body)
+        if too_long or isinstance(routed, str):
+            return web.json_response({"error": {"message": too_long or routed}}, status=400)
         gate = await self.pd.gate(body, openai=False, prompt_tokens=max(1, len(str(prompt)) // 4))
         if gate is not None:
             return gate
@@ -112,7 +127,7 @@ class Generation:
             tokens = (tokens * (max_new // len(tokens) + 1))[
                 : max(1, max_new)
             ]  # no EOS: exactly max_new_tokens
-        queue = await self._submit(tokens, max(1, len(str(prompt)) // 4), "length")
+        queue = await self._submit(tokens, max(1, len(str(prompt)) // 4), "length", routed)
         out: list[str] = []
         reason = "length"
         if body.get("stream"):
@@ -161,15 +176,16 @@ class Generation:
             return web.json_response(parsed.body, status=parsed.status)
         prompt_tokens = max(1, len(json.dumps(body.get("messages", []))) // 4)
         too_long = self._too_long(prompt_tokens)
-        if too_long:
-            return error(400, too_long)
+        routed = self._routed(body)
+        if too_long or isinstance(routed, str):
+            return error(400, too_long or str(routed))
         gate = await self.pd.gate(body, prompt_tokens=prompt_tokens)
         if gate is not None:
             return gate
         if not self._admit():
             await asyncio.Event().wait()
         tokens, raw_finish = generate_chat(self.family, self.args.model_path, parsed, self.seed)
-        queue = await self._submit(tokens, prompt_tokens, raw_finish)
+        queue = await self._submit(tokens, prompt_tokens, raw_finish, routed)
         cid, created, model = f"{uuid.uuid4().hex}", int(time.time()), self.args.served_name
         if body.get("stream"):
             return await self._chat_stream(request, body, parsed, queue, (cid, created, model), prompt_tokens)

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from simulator import gpus
 from simulator.cli import SimServerArgs
+from simulator.dp import DpEngines
 from simulator.engine import Engine
 from simulator.families import detect_family
 from simulator.faults import FaultBook
@@ -25,6 +26,15 @@ from simulator.procs import kill_tree, shm_used_mb
 from simulator.ranks import RankSpec, detokenizer_main, dp_controller_main, scheduler_main
 from simulator.server import IDENTITY, SimState
 from simulator.sim_metrics import SimMetrics
+
+
+def dp_groups(args: SimServerArgs) -> tuple[int, int]:
+    """(DP ranks, scheduler processes of each on this node). With `--enable-dp-attention` the DP ranks split the TP
+    group (`--tp-size` processes in all, `scheduler_DP1_TP1` …); without it each DP rank has a TP group of its own."""
+    dp, (tp, _) = max(1, args.dp_size), local_tp(args)
+    if args.enable_dp_attention:
+        return dp, max(1, tp // dp)
+    return dp, tp
 
 
 def local_tp(args: SimServerArgs) -> tuple[int, int]:
@@ -49,12 +59,18 @@ class Launch:
         self.load_fraction = 0.0
         self.ready = False
         self.xid_sent = False
-        self.engine: Engine | None = None
+        self.engine: DpEngines | None = None
         self.state = SimState()
-        self.metrics = SimMetrics(args.served_name, _engine_type(args), not _cuda_graph_disabled(args))
+        self.metrics = SimMetrics(
+            args.served_name,
+            _engine_type(args),
+            not _cuda_graph_disabled(args),
+            dp_rank=0 if args.dp_size > 1 else None,
+        )
         self.rng = random.Random(int(os.environ.get("SGLANG_SIM_SEED", "0") or 0))
         self.marker = gpus.state_dir() / "ports" / f"{args.port}.running"
-        self.gpus = [self._gpu_of(i) for i in range(max(1, args.dp_size) * local_tp(args)[0])]
+        groups, per_group = dp_groups(args)
+        self.gpus = [self._gpu_of(i) for i in range(groups * per_group)]
 
     def _gpu_of(self, rank: int) -> int:
         return gpus.physical_gpu(self.args.base_gpu_id + rank * max(1, getattr(self.args, "gpu_id_step", 1)))
@@ -77,15 +93,17 @@ class Launch:
         mem = float(args.mem_fraction_static or 0.88)
         family = detect_family(args.model_path, os.environ.get("SGLANG_SIM_MODEL_FAMILY") or None)
         jobs: list[tuple[RankSpec, Connection, Any]] = []
-        (tp, first), dp = local_tp(args), max(1, args.dp_size)
+        attention = bool(args.enable_dp_attention)
+        (dp, tp), first = dp_groups(args), local_tp(args)[1]
         for d in range(dp):
             group = (self.ctx.Barrier(tp), self.ctx.Barrier(tp))
             self.groups.append(group)  # Process.start() drops its args: keep the semaphores alive
             for t in range(tp):
                 dp_rank = d if dp > 1 else None
+                shown = first + t + (d * tp if attention else 0)  # the TP rank its title shows
                 spec = RankSpec(
-                    title=scheduler_title(dp_rank, first + t, max(1, args.tp_size)),
-                    prefix=rank_prefix(dp_rank, first + t, max(1, args.tp_size)),
+                    title=scheduler_title(dp_rank, shown, max(1, args.tp_size)),
+                    prefix=rank_prefix(dp_rank, shown, max(1, args.tp_size)),
                     tp_rank=t,
                     tp_size=tp,
                     dp_rank=dp_rank,
@@ -176,30 +194,33 @@ class Launch:
         kill_tree(include_parent=False, exit_code=1)
 
     def publish_gpus(self) -> None:
-        """Update nvml.json once a second with figures for what the ranks are doing."""
+        """Update nvml.json once a second with figures for what each DP rank's ranks are doing."""
         while True:
-            engine = self.engine
-            if not self.ready:
-                phase = "loading"
-            elif engine is not None and (engine.wedged or engine.step_overdue(time.monotonic())):
-                phase = "spin"  # the ranks that still run wait in a collective for one that does not
-            elif engine is not None and engine.running and not engine.paused:
-                phase = "busy"  # a paused engine runs no kernel
-            else:
-                phase = "idle"
+            group = self.engine
             samples = []
+            per_rank = max(1, len(self.gpus) // max(1, self.args.dp_size))
             for k, gpu in enumerate(self.gpus):
-                gpu_phase = phase
-                if engine is not None and engine.desynced and k == len(self.gpus) - 1:
-                    gpu_phase = "idle"
+                engine = group.engines[min(k // per_rank, len(group.engines) - 1)] if group else None
+                phase = self._phase(engine)
+                if engine is not None and engine.desynced and k % per_rank == per_rank - 1:
+                    phase = "idle"  # the rank ahead waits in its all-reduce, idle on its GPU
                 pids = [self.rank_pids[gpu]] if gpu in self.rank_pids else []
                 load = gpus.GpuLoad(
-                    gpu_phase, self.load_fraction, float(self.args.mem_fraction_static or 0.88), pids
+                    phase, self.load_fraction, float(self.args.mem_fraction_static or 0.88), pids
                 )
                 samples.append(gpus.sample(gpu, load, self.rng))
             with contextlib.suppress(OSError):
                 gpus.publish(samples, self._new_xids())
             time.sleep(1.0 if self.ready else 0.2)
+
+    def _phase(self, engine: Engine | None) -> str:
+        if not self.ready:
+            return "loading"
+        if engine is not None and (engine.wedged or engine.step_overdue(time.monotonic())):
+            return "spin"  # the ranks that still run wait in a collective for one that does not
+        if engine is not None and engine.running and not engine.paused:
+            return "busy"  # a paused engine runs no kernel
+        return "idle"
 
     def _new_xids(self) -> dict[int, list[dict[str, Any]]]:
         """An illegal memory access leaves its Xid (param `xid`, 13 by default) on the first GPU (once)."""

@@ -18,6 +18,7 @@ import aiohttp
 from aiohttp import web
 
 from simulator.cli import SimServerArgs
+from simulator.dp import DpEngines
 from simulator.engine import Engine
 from simulator.faults import ScenarioError, flag_present
 from simulator.launch import Launch
@@ -61,23 +62,32 @@ async def serve(launch: Launch, hub: Hub | None = None) -> None:
     """Run the HTTP server(s), warmup, the subprocess watchdog and the signal handlers."""
     args = launch.args
     loop = asyncio.get_running_loop()
-    engine = Engine(
-        launch.conns,
-        launch.leaders,
-        launch.faults,
-        launch.metrics,
-        tp_size=max(1, args.tp_size),
-        step_s=float(os.environ.get("SGLANG_SIM_STEP_S", "0.01")),
-        overlap=not args.disable_overlap_schedule,
-        speculative=bool(args.speculative_algorithm),
-        watchdog_timeout=float(args.watchdog_timeout),
-        watchdog_label=str(args.watchdog_timeout)
-        if flag_present(args.argv, "--watchdog-timeout")
-        else f"{args.watchdog_timeout:g}",
-        decode_log_interval=int(args.decode_log_interval),
-        rank_pids=list(launch.rank_pids.values()),
-        cross_node=hub.collective if hub else None,
-    )
+    dp = max(1, args.dp_size)
+    per_rank = len(launch.conns) // dp
+    engines = [
+        Engine(
+            launch.conns[d * per_rank : (d + 1) * per_rank],
+            [launch.leaders[d]],
+            launch.faults,
+            launch.metrics if d == 0 else launch.metrics.rank(d),
+            tp_size=per_rank if args.enable_dp_attention else max(1, args.tp_size),
+            step_s=float(os.environ.get("SGLANG_SIM_STEP_S", "0.01")),
+            overlap=not args.disable_overlap_schedule,
+            speculative=bool(args.speculative_algorithm),
+            watchdog_timeout=float(args.watchdog_timeout),
+            watchdog_label=str(args.watchdog_timeout)
+            if flag_present(args.argv, "--watchdog-timeout")
+            else f"{args.watchdog_timeout:g}",
+            decode_log_interval=int(args.decode_log_interval),
+            rank_pids=[launch.rank_pids[g] for g in launch.gpus[d * per_rank : (d + 1) * per_rank]],
+            cross_node=hub.collective if hub else None,
+            dp_rank=d if dp > 1 else None,
+            dp_size=dp,
+            dp_attention=bool(args.enable_dp_attention),
+        )
+        for d in range(dp)
+    ]
+    engine = DpEngines(engines)
     launch.engine = engine
     engine.start()
     crash = Crash(launch)

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from simulator.engine import Engine
+from simulator.dp import DpEngines
 from simulator.errors import error
 from simulator.logs import log
 
@@ -28,7 +28,7 @@ MODES = ("abort", "retract", "in_place")
 class PauseGate:
     """The tokenizer's pause flag and the handlers that set and read it."""
 
-    def __init__(self, engine: Engine, healthy: Callable[[], bool]) -> None:
+    def __init__(self, engine: DpEngines, healthy: Callable[[], bool]) -> None:
         self.engine = engine
         self.healthy = healthy
         self.open = asyncio.Event()

@@ -296,7 +296,7 @@ class PdSide:
                 f"decode_req.req.bootstrap_room={room} with exception KVTransferError(bootstrap_room={room}): "
                 f"Request {room} timed out after {self.waiting_timeout:.1f}s in KVPoll.WaitingForInput"
             )
-            self.metrics.transfer_failed()
+            self.metrics.tokenizer.transfer_failed()
             return _error(
                 f"KVTransferError(bootstrap_room={room}): Failed to get kvcache from prefill instance, it might be dead"
             )

@@ -16,14 +16,14 @@ from aiohttp import web
 
 from simulator import auth, pd
 from simulator.cli import SimServerArgs
-from simulator.engine import Engine
+from simulator.dp import DpEngines
 from simulator.errors import MAX_BODY, error, error_body, read_json
 from simulator.families import detect_family
 from simulator.faults import FaultBook, ScenarioError, make_fault
 from simulator.generation import Generation
 from simulator.logs import log
 from simulator.pause import PauseGate
-from simulator.sim_metrics import SimMetrics
+from simulator.sim_metrics import SimMetrics, loads_body, render
 
 CONTEXT_LEN = 131072
 MAX_TOTAL_TOKENS = 1048576
@@ -58,7 +58,7 @@ class SimServer:
     def __init__(
         self,
         args: SimServerArgs,
-        engine: Engine,
+        engine: DpEngines,
         metrics: SimMetrics,
         faults: FaultBook,
         state: SimState,
@@ -76,7 +76,7 @@ class SimServer:
         self.health_generation = gen not in ("0", "false", "no", "off")
         self.control = os.environ.get("SGLANG_SIM_CONTROL", "") == "1"
         self.context_len = int(args.context_length or CONTEXT_LEN)
-        self.pd = pd.PdSide(args, metrics, engine, faults)
+        self.pd = pd.PdSide(args, metrics, engine.first, faults)
         self.pause = PauseGate(engine, self.healthy)
         self.generation = Generation(
             args, engine, faults, self.pd, self.family, self.context_len, state.launch_dirty, on_fatal
@@ -116,7 +116,7 @@ class SimServer:
             request.match_info.route.resource.canonical if request.match_info.route.resource else request.path
         )
         self.state.requests_by_endpoint[path] = self.state.requests_by_endpoint.get(path, 0) + 1
-        self.metrics.http_begin(path, request.method)
+        self.metrics.tokenizer.http_begin(path, request.method)
         status = 500
         try:
             response = auth.denied(request, self.args.api_key, self.args.admin_api_key) or await handler(
@@ -134,7 +134,7 @@ class SimServer:
             status = exc.status
             raise
         finally:
-            self.metrics.http_end(path, request.method, status)
+            self.metrics.tokenizer.http_end(path, request.method, status)
 
     async def health(self, request: web.Request) -> web.Response:
         """One handler for /health and /health_generate, decided as SGLang 0.5.23 does."""
@@ -220,7 +220,9 @@ class SimServer:
                     "max_total_num_tokens": MAX_TOTAL_TOKENS,
                     "max_req_input_len": self.context_len - 6,
                 },
-                "internal_states": [{"last_gen_throughput": self.metrics.gauges["gen_throughput"]}],
+                "internal_states": [
+                    {"last_gen_throughput": e.metrics.gauges["gen_throughput"]} for e in self.engine.engines
+                ],
                 "version": "0.5.23",
             }
         )
@@ -274,20 +276,24 @@ class SimServer:
 
     async def loads(self, request: web.Request) -> web.Response:
         """The shared-memory load snapshot of each DP rank; its `timestamp` freezes with the scheduler."""
-        return web.json_response(
-            self.metrics.loads(
-                self.engine.snapshot_at,
+        queues = (len(self.pd.prealloc), len(self.pd.bootstrapping))
+        entries = [
+            e.metrics.load_entry(
+                e.snapshot_at,
                 MAX_TOTAL_TOKENS,
                 self.pd.mode,
-                self.engine.parked,
-                (len(self.pd.prealloc), len(self.pd.bootstrapping)),
-                self.engine.batch_size(),
+                e.parked,
+                queues if e is self.engine.first else (0, 0),
+                e.batch_size(),
             )
-        )
+            for e in self.engine.engines
+        ]
+        return web.json_response(loads_body(entries, len(self.engine.first.conns)))
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         """Prometheus text; served by the main process, so it answers while the ranks are wedged."""
-        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+        body = render([e.metrics for e in self.engine.engines])
+        return web.Response(text=body, content_type="text/plain", charset="utf-8")
 
     async def sim_fault(self, request: web.Request) -> web.Response:
         """Inject a fault live (only with SGLANG_SIM_CONTROL=1)."""

@@ -56,14 +56,104 @@ class _Histogram:
         return lines
 
 
-class SimMetrics:
-    """Thread-safe metric state of one simulated server."""
+class TokenizerStats:
+    """The tokenizer's metrics, one set per server whatever its DP size: request totals, latency histograms, HTTP."""
 
-    def __init__(self, model_name: str, engine_type: str, cuda_graph: bool) -> None:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counters: dict[str, float] = defaultdict(float)
+        self.ttft_h = _Histogram(TTFT_BUCKETS)
+        self.itl_h = _Histogram(ITL_BUCKETS)
+        self.e2e_h = _Histogram(E2E_BUCKETS)
+        self.http_active: dict[tuple[str, str], int] = defaultdict(int)
+        self.http_total: dict[tuple[str, str], int] = defaultdict(int)
+        self.http_responses: dict[tuple[str, str, str], int] = defaultdict(int)
+
+    def ttft(self, seconds: float) -> None:
+        """Time to first token of a request."""
+        with self._lock:
+            self.ttft_h.observe(seconds)
+
+    def itl(self, seconds: float, tokens: int = 1) -> None:
+        """Inter-token latency; the count is effectively 'tokens streamed'."""
+        with self._lock:
+            self.itl_h.observe(seconds, tokens)
+
+    def finished(self, prompt_tokens: int, generated: int, e2e_s: float) -> None:
+        """A request finished: the token totals move only now."""
+        with self._lock:
+            self.counters["prompt_tokens_total"] += prompt_tokens
+            self.counters["generation_tokens_total"] += generated
+            self.counters["num_requests_total"] += 1
+            self.e2e_h.observe(e2e_s)
+
+    def transfer_failed(self) -> None:
+        """A PD KV transfer failed (decode side)."""
+        with self._lock:
+            self.counters["num_transfer_failed_reqs_total"] += 1
+
+    def http_begin(self, endpoint: str, method: str) -> None:
+        """The HTTP middleware saw a request start."""
+        with self._lock:
+            self.http_active[(endpoint, method)] += 1
+            self.http_total[(endpoint, method)] += 1
+
+    def http_end(self, endpoint: str, method: str, status: int) -> None:
+        """The HTTP middleware saw a request end."""
+        with self._lock:
+            self.http_active[(endpoint, method)] -= 1
+            self.http_responses[(endpoint, str(status), method)] += 1
+
+    def families(self, base: str) -> list[tuple[str, str, list[str]]]:
+        """(name, type, samples) of each family, labelled `base` (no rank labels: the tokenizer has none)."""
+        out: list[tuple[str, str, list[str]]] = []
+        with self._lock:
+            for name, value in sorted(self.counters.items()):
+                out.append((name, "counter", [f"sglang:{name}{{{base}}} {value}"]))
+            for hname, hist in (
+                ("time_to_first_token_seconds", self.ttft_h),
+                ("inter_token_latency_seconds", self.itl_h),
+                ("e2e_request_latency_seconds", self.e2e_h),
+            ):
+                out.append((hname, "histogram", hist.render(f"sglang:{hname}", base)))
+            active = [
+                f'sglang:http_requests_active{{endpoint="{ep}",method="{method}"}} {n}'
+                for (ep, method), n in sorted(self.http_active.items())
+            ]
+            total = [
+                f'sglang:http_requests_total{{endpoint="{ep}",method="{method}"}} {n}'
+                for (ep, method), n in sorted(self.http_total.items())
+            ]
+            responses = [
+                f'sglang:http_responses_total{{endpoint="{ep}",status_code="{status}",method="{method}"}} {n}'
+                for (ep, status, method), n in sorted(self.http_responses.items())
+            ]
+        out += [
+            ("http_requests_active", "gauge", active),
+            ("http_requests_total", "counter", total),
+            ("http_responses_total", "counter", responses),
+        ]
+        return out
+
+
+class SimMetrics:
+    """One DP rank's scheduler metrics (the whole server's when it is not data-parallel), thread-safe; the
+    tokenizer's metrics it shares with the server's other ranks are `tokenizer`."""
+
+    def __init__(
+        self,
+        model_name: str,
+        engine_type: str,
+        cuda_graph: bool,
+        tokenizer: TokenizerStats | None = None,
+        dp_rank: int | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self.model_name = model_name
         self.engine_type = engine_type
         self.cuda_graph = cuda_graph
+        self.tokenizer = tokenizer or TokenizerStats()
+        self.dp_rank = dp_rank  # None: not data-parallel (no `dp_rank` label, `/v1/loads` names rank 0)
         self.gauges: dict[str, float] = {
             "num_running_reqs": 0,
             "num_queue_reqs": 0,
@@ -77,14 +167,17 @@ class SimMetrics:
         # a decode writes its stats only with decode batches (every --decode-log-interval steps): none until then
         self.stats_logged = engine_type != "decode"
         self.kv_transfer = {name: _Histogram(b) for name, b in KV_TRANSFER_BUCKETS.items()}
-        self.counters: dict[tuple[str, str], float] = defaultdict(float)
-        self.ttft_h = _Histogram(TTFT_BUCKETS)
-        self.itl_h = _Histogram(ITL_BUCKETS)
-        self.e2e_h = _Histogram(E2E_BUCKETS)
-        self.http_active: dict[tuple[str, str], int] = defaultdict(int)
-        self.http_total: dict[tuple[str, str], int] = defaultdict(int)
-        self.http_responses: dict[tuple[str, str, str], int] = defaultdict(int)
+        self.counters: dict[tuple[str, str], float] = defaultdict(float)  # the scheduler's, by name and mode
         self._decode_tokens_since_log = 0
+
+    def rank(self, dp_rank: int) -> SimMetrics:
+        """The scheduler metrics of another DP rank of this server (sharing its tokenizer metrics)."""
+        return SimMetrics(self.model_name, self.engine_type, self.cuda_graph, self.tokenizer, dp_rank)
+
+    @property
+    def base(self) -> str:
+        """The labels every metric of this server carries."""
+        return f'model_name="{self.model_name}",engine_type="{self.engine_type}"'
 
     @property
     def token_usage(self) -> float:
@@ -138,24 +231,6 @@ class SimMetrics:
             self._set_batch_gauges(0, 0, parked)
             self.gauges["gen_throughput"] = 0.0
 
-    def ttft(self, seconds: float) -> None:
-        """Time to first token of a request."""
-        with self._lock:
-            self.ttft_h.observe(seconds)
-
-    def itl(self, seconds: float, tokens: int = 1) -> None:
-        """Inter-token latency; the count is effectively 'tokens streamed'."""
-        with self._lock:
-            self.itl_h.observe(seconds, tokens)
-
-    def finished(self, prompt_tokens: int, generated: int, e2e_s: float) -> None:
-        """A request finished: the token totals move only now."""
-        with self._lock:
-            self.counters[("prompt_tokens_total", "")] += prompt_tokens
-            self.counters[("generation_tokens_total", "")] += generated
-            self.counters[("num_requests_total", "")] += 1
-            self.e2e_h.observe(e2e_s)
-
     def kv_transferred(self, bootstrap_ms: float, prompt_tokens: int | None = None) -> None:
         """A request's KV bootstrap (both sides) and, on the prefill (`prompt_tokens` given), its transfer."""
         with self._lock:
@@ -167,24 +242,7 @@ class SimMetrics:
                 self.kv_transfer["kv_transfer_latency_ms"].observe(5.0)
                 self.kv_transfer["kv_transfer_speed_gb_s"].observe(total_mb / 5.0)
 
-    def transfer_failed(self) -> None:
-        """A PD KV transfer failed (decode side)."""
-        with self._lock:
-            self.counters[("num_transfer_failed_reqs_total", "")] += 1
-
-    def http_begin(self, endpoint: str, method: str) -> None:
-        """The HTTP middleware saw a request start."""
-        with self._lock:
-            self.http_active[(endpoint, method)] += 1
-            self.http_total[(endpoint, method)] += 1
-
-    def http_end(self, endpoint: str, method: str, status: int) -> None:
-        """The HTTP middleware saw a request end."""
-        with self._lock:
-            self.http_active[(endpoint, method)] -= 1
-            self.http_responses[(endpoint, str(status), method)] += 1
-
-    def loads(
+    def load_entry(
         self,
         snapshot_at: float,
         max_total_tokens: int,
@@ -193,10 +251,10 @@ class SimMetrics:
         queues: tuple[int, int] = (0, 0),
         running: int | None = None,
     ) -> dict[str, Any]:
-        """The `/v1/loads` body: one DP rank's load snapshot (as of `snapshot_at`) and the aggregate. Its
-        `disaggregation` queues are live (the scheduler publishes them every loop), unlike the gauges; `parked`
-        holds a decode's pre-allocation queue (`queues`: pre-allocation, a prefill's bootstrap queue) too; `running`
-        is the batch as the scheduler last published it (the gauge's when not given)."""
+        """This rank's entry of `/v1/loads`: its load snapshot as of `snapshot_at`. Its `disaggregation` queues are
+        live (the scheduler publishes them every loop), unlike the gauges; `parked` holds a decode's
+        pre-allocation queue (`queues`: pre-allocation, a prefill's bootstrap queue) too; `running` is the batch
+        as the scheduler last published it (the gauge's when not given)."""
         prealloc, bootstrap = queues
         with self._lock:
             g = dict(self.gauges)
@@ -205,20 +263,34 @@ class SimMetrics:
             int(g["num_queue_reqs"]),
         )
         waiting += parked if mode == "decode" else 0  # SGLang counts the transfer queue as waiting
-        load = {
+        return {
             "timestamp": snapshot_at,
-            "dp_rank": 0,
+            "dp_rank": self.dp_rank or 0,
             "num_running_reqs": running,
             "num_waiting_reqs": waiting,
-            "num_total_reqs": running + waiting,
+            "num_waiting_uncached_tokens": 0,
             "num_used_tokens": int(g["num_used_tokens"]),
             "num_total_tokens": max_total_tokens,
+            "num_active_tokens": max_total_tokens,
+            "num_prealloc_ready_tokens": 0,
             "max_total_num_tokens": max_total_tokens,
             "max_running_requests": 512,
             "token_usage": g["token_usage"],
             "gen_throughput": g["gen_throughput"],
             "cache_hit_rate": g["cache_hit_rate"],
             "utilization": g["token_usage"],
+            "total_prefill_uncached_tokens": int(
+                self.counters[("realtime_tokens_total", 'mode="prefill_compute"')]
+            ),
+            "total_prefill_busy_us": 0,
+            "decode_moments": None,
+            "memory": {
+                "weight_gb": 62.3,
+                "kv_cache_gb": 58.2,
+                "graph_gb": 0.4,
+                "token_capacity": max_total_tokens,
+            },
+            "queues": {"waiting": waiting, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0},
             "disaggregation": {
                 "mode": mode,
                 "prefill_bootstrap_queue_reqs": bootstrap if mode == "prefill" else 0,
@@ -230,62 +302,46 @@ class SimMetrics:
                 "kv_transfer_latency_ms": 0.0,
             },
         }
-        aggregate = {
-            "total_running_reqs": running,
-            "total_waiting_reqs": waiting,
-            "total_reqs": running + waiting,
-            "avg_token_usage": g["token_usage"],
-            "avg_throughput": g["gen_throughput"],
-        }
-        return {
-            "timestamp": datetime.now(UTC).isoformat(),
-            "version": "0.5.23",
-            "dp_rank_count": 1,
-            "loads": [load],
-            "aggregate": aggregate,
-        }
 
-    def render(self) -> str:
-        """The `/metrics` body."""
-        base = f'model_name="{self.model_name}",engine_type="{self.engine_type}"'
-        sched = base + ',tp_rank="0",pp_rank="0",moe_ep_rank="0"'
-        out: list[str] = []
+    def families(self) -> list[tuple[str, str, list[str]]]:
+        """(name, type, samples) of this rank's scheduler metrics, labelled with its ranks."""
+        sched = self.base + ',tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+        sched += f',dp_rank="{self.dp_rank}"' if self.dp_rank is not None else ""
+        out: list[tuple[str, str, list[str]]] = []
         with self._lock:
             constants = [("kv_cache_memory_usage_gb", 0.1)]
             for name, value in [*constants, *(self.gauges.items() if self.stats_logged else ())]:
-                out += [
-                    f"# HELP sglang:{name} {name}",
-                    f"# TYPE sglang:{name} gauge",
-                    f"sglang:{name}{{{sched}}} {value}",
-                ]
-            by_name: dict[str, list[tuple[str, float]]] = defaultdict(list)
+                out.append((name, "gauge", [f"sglang:{name}{{{sched}}} {value}"]))
+            by_name: dict[str, list[str]] = defaultdict(list)
             for (name, extra), value in self.counters.items():
-                by_name[name].append((extra, value))
-            for name, series in sorted(by_name.items()):
-                labels = sched if name in ("realtime_tokens_total", "cuda_graph_passes_total") else base
-                out += [f"# HELP sglang:{name} {name}", f"# TYPE sglang:{name} counter"]
-                for extra, value in series:
-                    out.append(f"sglang:{name}{{{labels}{',' + extra if extra else ''}}} {value}")
-            for hname, hist in (
-                ("time_to_first_token_seconds", self.ttft_h),
-                ("inter_token_latency_seconds", self.itl_h),
-                ("e2e_request_latency_seconds", self.e2e_h),
-            ):
-                out += [f"# HELP sglang:{hname} {hname}", f"# TYPE sglang:{hname} histogram"]
-                out += hist.render(f"sglang:{hname}", base)
+                by_name[name].append(f"sglang:{name}{{{sched}{',' + extra if extra else ''}}} {value}")
+            out += [(name, "counter", lines) for name, lines in sorted(by_name.items())]
             for hname, hist in self.kv_transfer.items():
                 if hist.n:
-                    out += [f"# HELP sglang:{hname} {hname}", f"# TYPE sglang:{hname} histogram"]
-                    out += hist.render(f"sglang:{hname}", sched)
-            out += ["# HELP sglang:http_requests_active active", "# TYPE sglang:http_requests_active gauge"]
-            for (ep, method), n in sorted(self.http_active.items()):
-                out.append(f'sglang:http_requests_active{{endpoint="{ep}",method="{method}"}} {n}')
-            out += ["# HELP sglang:http_requests_total total", "# TYPE sglang:http_requests_total counter"]
-            for (ep, method), n in sorted(self.http_total.items()):
-                out.append(f'sglang:http_requests_total{{endpoint="{ep}",method="{method}"}} {n}')
-            out += ["# HELP sglang:http_responses_total total", "# TYPE sglang:http_responses_total counter"]
-            for (ep, status, method), n in sorted(self.http_responses.items()):
-                out.append(
-                    f'sglang:http_responses_total{{endpoint="{ep}",status_code="{status}",method="{method}"}} {n}'
-                )
-        return "\n".join(out) + "\n"
+                    out.append((hname, "histogram", hist.render(f"sglang:{hname}", sched)))
+        return out
+
+
+def render(ranks: list[SimMetrics]) -> str:
+    """The `/metrics` body of a server whose DP ranks are `ranks`: each family once, its samples from every rank."""
+    families: dict[str, tuple[str, list[str]]] = {}
+    for name, kind, samples in [
+        *(f for r in ranks for f in r.families()),
+        *ranks[0].tokenizer.families(ranks[0].base),
+    ]:
+        families.setdefault(name, (kind, []))[1].extend(samples)
+    out: list[str] = []
+    for name, (kind, samples) in families.items():
+        out += [f"# HELP sglang:{name} {name}", f"# TYPE sglang:{name} {kind}", *samples]
+    return "\n".join(out) + "\n"
+
+
+def loads_body(entries: list[dict[str, Any]], accelerators: int) -> dict[str, Any]:
+    """The `/v1/loads` body: each DP rank's entry, and the accelerators behind one DP rank."""
+    return {
+        "timestamp": datetime.now(UTC).isoformat(),
+        "version": "0.5.23",
+        "accelerator": "NVIDIA H200",
+        "num_accelerators": accelerators,
+        "loads": entries,
+    }

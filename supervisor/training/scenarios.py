@@ -61,6 +61,8 @@ NOT_DRILLS = {
     "slow_startup_deepgemm": _LAUNCH,
     "restart_same_port_hang": _LAUNCH,
     "health_false_negative_long_prefill": "the supervisor is expected to do nothing (busy, not broken)",
+    "dp_rank_wedge": "needs a data-parallel deployment (`--dp-size 2`)",
+    "dp_rank_slow": "needs a data-parallel deployment; the supervisor is expected to do nothing (slow, moving)",
 }
 
 
