@@ -23,6 +23,7 @@ from benchmarks.common import (
     SCENARIOS,
     Driver,
     FaultClock,
+    Scenario,
     bench_deployment,
     get_json,
     incidents_since,
@@ -46,7 +47,7 @@ def run_fault(name: str) -> dict[str, Any]:
     """One live injection: the fault's start, the first incident after it, and the latency between."""
     scen = SCENARIOS[name]
     timeout = DETECT_TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S)
-    with bench_deployment(extra_args=list(scen.extra_args)) as dep:
+    with bench_deployment(**scen.deployment()) as dep:
         dep.start()
         dep.wait(serving, timeout=120, what="serving")
         armed_at = time.time()
@@ -153,9 +154,10 @@ def _serving_now(dep: Deployment) -> dict[str, Any] | None:
     return s if serving(s) else None
 
 
-def probe_rate(window_s: float) -> dict[str, Any]:
-    """Requests per second the daemon sends to an idle serving simulator (we send none but /sim/state)."""
-    with bench_deployment() as dep:
+def probe_rate(window_s: float, dp: int = 1) -> dict[str, Any]:
+    """Requests per second the daemon sends to an idle serving simulator (we send none but /sim/state), at
+    `--dp-size dp`."""
+    with bench_deployment(**Scenario("requests", dp=dp).deployment()) as dep:
         dep.start()
         dep.wait(serving, timeout=120, what="serving")
         before = get_json(dep.sim_url + "/sim/state")["requests_by_endpoint"]
@@ -214,6 +216,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not args.only:
         say(f"detection: probe rate over {window:.0f} s")
         report["probe_rate"] = probe_rate(window)
+    if not args.only or "dp_rank_wedge" in names:
+        say(f"detection: probe rate at --dp-size 2 over {window:.0f} s")
+        report["probe_rate_dp2"] = probe_rate(window, dp=2)
     write_result("detection_partial" if args.only else "detection", report)
     print_table(report)
     return report
@@ -230,9 +235,10 @@ def print_table(report: dict[str, Any]) -> None:
         med = "-" if lat["median"] is None else f"{lat['median']:.2f}"
         p90 = "-" if lat["p90"] is None else f"{lat['p90']:.2f}"
         print(f"{name:40} {r['detected']:>8} {med:>9} {p90:>7}  {', '.join(r['faults'])}")
-    rate = report.get("probe_rate")
-    if rate:
-        print(f"probe load: {rate['per_s']} req/s over {rate['window_s']} s: {rate['by_endpoint']}")
+    for key in ("probe_rate", "probe_rate_dp2"):
+        rate = report.get(key)
+        if rate:
+            print(f"{key}: {rate['per_s']} req/s over {rate['window_s']} s: {rate['by_endpoint']}")
 
 
 def build_parser() -> argparse.ArgumentParser:

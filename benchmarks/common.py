@@ -49,6 +49,14 @@ class Scenario:
     traffic: str
     extra_args: tuple[str, ...] = ()
     zero_fault: bool = False
+    dp: int = 1  # the server's `--dp-size` (each DP rank a TP group of 2 GPUs)
+
+    def deployment(self) -> dict[str, Any]:
+        """The `Deployment` keywords of this scenario's server."""
+        if self.dp == 1:
+            return {"extra_args": list(self.extra_args)}
+        args = [*self.extra_args, "--dp-size", str(self.dp)]
+        return {"extra_args": args, "local_gpus": 2 * self.dp, "sim_ports": 2 + self.dp}
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -59,6 +67,7 @@ SCENARIOS: dict[str, Scenario] = {
     "runtime_cuda_oom_crash": Scenario("requests"),
     "tool_markup_leak_under_load": Scenario("streams"),
     "health_false_negative_long_prefill": Scenario("requests", zero_fault=True),
+    "dp_rank_wedge": Scenario("requests", dp=2),
 }
 
 

@@ -17,6 +17,8 @@ Order of precedence (the first rule that holds decides; later rules only add not
                   default 20 s): ranks in different collectives, every rank in one blocking collective, or GPUs
                   spinning in every GPU reading of that span (at least two). Weak evidence — frozen counters
                   with work in flight, nothing else — waits the full `stall_after_s` (a slow forward is not a hang).
+5a. `decode_wedge` of one DP rank (tag `dp_rank_wedged`) — its `/v1/loads` snapshot `rank_stall_after_s` older
+                  than a peer's (`policies.dp`): the summed counters hide it, the rank is named.
 6. `pd_transfer_wedge` — a decode server whose transfer/prealloc queue is non-zero and not draining with no decode
                   progress for `stall_after_s`; for a quarter of it when every prefill sits idle meanwhile (the KV
                   it waits for is not coming: `policies.pd.prefills_idle`). Tag `prealloc_blocked` when all of
@@ -42,6 +44,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from policies.canary_faults import parser_fault, stream_leak_fault
+from policies.dp import dp_rank_wedge
 from policies.frozen import frozen_unresponsive, waiting_on_frozen
 from policies.model import (
     Fault,
@@ -247,6 +250,10 @@ def _collective_hang(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
     return None
 
 
+def _dp_rank_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    return dp_rank_wedge(w, ctx.settings)
+
+
 def _pd_wedge(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     progress = w.latest("progress")
     if ctx.role != "decode" or progress is None or _frozen(w):
@@ -348,18 +355,15 @@ def _startup_stalled(w: Window, ctx: DiagnoseContext, now: float) -> Fault | Non
     return None
 
 
-def _pause_overrun(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
-    return pause_overrun(w, ctx.settings, now)
-
-
 _RULES = (
     _gpu_fault,
     _oom,
     _crash,
     _startup_failure,
-    _pause_overrun,
+    lambda w, ctx, now: pause_overrun(w, ctx.settings, now),
     _collective_hang_logged,
     _collective_hang,
+    _dp_rank_wedge,
     _pd_wedge,
     _decode_wedge,
     _decode_wedge_logged,
@@ -369,7 +373,7 @@ _RULES = (
     lambda w, ctx, now: stream_leak_fault(w),
 )
 # the rules a deliberate engine pause explains: they read the progress lease, the rank stacks and /health
-LEASE_RULES = frozenset({_collective_hang, _pd_wedge, _decode_wedge, _unresponsive})
+LEASE_RULES = frozenset({_collective_hang, _dp_rank_wedge, _pd_wedge, _decode_wedge, _unresponsive})
 
 
 def diagnose(

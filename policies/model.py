@@ -88,6 +88,21 @@ class ProgressValues(TypedDict, total=False):
     counters: dict[str, float]
 
 
+class DpRankValues(TypedDict, total=False):
+    """One DP rank in a `dp` observation."""
+
+    lag_s: float  # how much older its /v1/loads snapshot is than the newest of its peers'
+    running: float
+    waiting: float
+    timestamp: float
+
+
+class DpValues(TypedDict, total=False):
+    """`dp`: each DP rank's `/v1/loads` snapshot (probes/loads.py), by rank ("0", "1", …)."""
+
+    ranks: dict[str, DpRankValues]
+
+
 class EngineValues(TypedDict, total=False):
     """`engine`: what SGLang itself says about a deliberate pause (probes/engine.py).
 
@@ -189,6 +204,7 @@ class CanaryValues(TypedDict, total=False):
     single_ok: bool | None
     fail_rate: float
     rid: str  # the request id of a canary (to find it in the server's log)
+    dp_rank: int  # the DP rank the canary was routed to (a data-parallel server's canaries take each in turn)
     actual: dict[str, Any]  # config_check: the server's parser settings
     expected: dict[str, Any]  # config_check: what the config says they must be
 
@@ -201,6 +217,11 @@ def health_values(obs: Observation) -> HealthValues:
 def progress_values(obs: Observation) -> ProgressValues:
     """The values of a `progress` observation."""
     return cast(ProgressValues, obs.values)
+
+
+def dp_values(obs: Observation) -> DpValues:
+    """The values of a `dp` observation."""
+    return cast(DpValues, obs.values)
 
 
 def engine_values(obs: Observation) -> EngineValues:
@@ -264,6 +285,10 @@ class ProbeSettings:
     stream_canary_period_s: float = 1800.0
     stream_canary_first_s: float = 30.0  # the first load canary, this long after the first canary passed
     stall_after_s: float = 20.0
+    dp_size: int = (
+        1  # the server's `--dp-size`: above 1, each DP rank's snapshot is read and judged on its own
+    )
+    rank_stall_after_s: float = 6.0  # a DP rank whose loop stood this long while a peer's turned is wedged
     metrics_period_s: float = 5.0
     metrics_max_bytes: int = 4 * 1024 * 1024
     stacks_budget_s: float = 10.0

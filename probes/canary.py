@@ -268,32 +268,47 @@ async def tool_canary(
     settings: ProbeSettings,
     city: str = "Paris",
     pair: PdPair | None = None,
+    dp_rank: int | None = None,
 ) -> Observation:
-    """Non-stream then stream; a leak, a structural failure or a disagreement fails (probe `canary_tool`)."""
+    """Non-stream then stream; a leak, a structural failure or a disagreement fails (probe `canary_tool`). With
+    `dp_rank`, both go to that DP rank (`routed_dp_rank`)."""
     start = time.monotonic()
     url = f"{base_url}/v1/chat/completions"
     rid = f"canary-{time.time_ns()}"
+    extra = _routed(rid, dp_rank)
     plain = await chat(
         session,
         url,
-        tool_body(model, city, settings.canary_max_tokens, False, rid + "-0"),
+        _to(tool_body(model, city, settings.canary_max_tokens, False, rid + "-0"), dp_rank),
         settings.canary_timeout_s,
         api_key=settings.api_key,
         pair=pair,
     )
     v_plain = judge_tool(plain, TOOL_NAME, city)
     if v_plain.verdict == FAIL or not v_plain.answered:
-        return _observation("canary_tool", _prefixed(v_plain, "non-stream"), start, CanaryValues(rid=rid))
+        return _observation("canary_tool", _prefixed(v_plain, "non-stream"), start, extra)
     streamed = await chat(
         session,
         url,
-        tool_body(model, city, settings.canary_max_tokens, True, rid + "-1"),
+        _to(tool_body(model, city, settings.canary_max_tokens, True, rid + "-1"), dp_rank),
         settings.canary_timeout_s,
         api_key=settings.api_key,
         pair=pair,
     )
     v_stream = judge_tool(streamed, TOOL_NAME, city)
-    return _observation("canary_tool", judge_pair(v_plain, v_stream), start, CanaryValues(rid=rid))
+    return _observation("canary_tool", judge_pair(v_plain, v_stream), start, extra)
+
+
+def _to(body: dict[str, Any], dp_rank: int | None) -> dict[str, Any]:
+    """The request routed to one DP rank (SGLang's `routed_dp_rank`), or as it is."""
+    return body if dp_rank is None else {**body, "routed_dp_rank": dp_rank}
+
+
+def _routed(rid: str, dp_rank: int | None) -> CanaryValues:
+    values = CanaryValues(rid=rid)
+    if dp_rank is not None:
+        values["dp_rank"] = dp_rank
+    return values
 
 
 def _prefixed(v: Verdict, how: str) -> Verdict:
@@ -306,18 +321,21 @@ async def reasoning_canary(
     model: str,
     settings: ProbeSettings,
     pair: PdPair | None = None,
+    dp_rank: int | None = None,
 ) -> Observation:
-    """Thinking on, no tools: reasoning separated and the answer in content (probe `canary_reasoning`)."""
+    """Thinking on, no tools: reasoning separated and the answer in content (probe `canary_reasoning`); with
+    `dp_rank`, routed to that DP rank."""
     start = time.monotonic()
     result = await chat(
         session,
         f"{base_url}/v1/chat/completions",
-        reasoning_body(model, settings.canary_max_tokens),
+        _to(reasoning_body(model, settings.canary_max_tokens), dp_rank),
         settings.canary_timeout_s,
         api_key=settings.api_key,
         pair=pair,
     )
-    return _observation("canary_reasoning", judge_reasoning(result, REASONING_ANSWER), start)
+    extra = CanaryValues(dp_rank=dp_rank) if dp_rank is not None else None
+    return _observation("canary_reasoning", judge_reasoning(result, REASONING_ANSWER), start, extra)
 
 
 def _parses_as(key: str, expected: str, actual: object) -> bool:

@@ -41,6 +41,7 @@ from policies.model import (
     ProbeSettings,
     TreeView,
     canary_values,
+    dp_values,
     engine_values,
     gpu_values,
     progress_values,
@@ -48,20 +49,19 @@ from policies.model import (
     routine_reading,
 )
 from probes.canary import config_check, reasoning_canary, tool_canary
-from probes.engine import EngineTracker, ready_and_ping
 from probes.gpu_probe import GpuWatch
 from probes.health import probe_health
 from probes.logwatch import LogWatch
-from probes.pd_pair import PdPair, pd_loads
-from probes.progress import ProgressTracker, scrape_metrics
+from probes.pd_pair import PdPair
+from probes.scrape import Scraper
 from probes.stacks import observe_ranks, probe_stacks
 from probes.stream_canary import stream_canary
 
 LOCAL_PERIOD_S, CANARY_RETRY_S, PAIR_RETRY_S = 1.0, 15.0, 2.0
-SIDE_READ_S = 5.0  # /ready, /ping, /v1/loads beside a scrape (a real /ready hung 62 s on a stopped scheduler)
 STARTUP_HEALTH_PERIOD_S = 0.5
 BUSY_SCRAPE_S, SUSPECT_SCRAPE_S = 2.0, 1.0
 ROUTINE_KEEP_S = 60.0  # ≥ the spans policies.diagnose reads of local readings (a strong stall fraction)
+RANK_SUSPECT_LAG_S = 2.0  # a DP rank's snapshot this far behind a peer's: longer than an idle loop's sleep
 STACKS_AT = (STRONG_STALL_FRACTION * 0.8, 0.5)  # the first dump lands just before the early threshold
 STAND_ASIDE = frozenset({"health", "canary_tool", "canary_stream"})  # while the engine is paused on purpose
 
@@ -95,8 +95,7 @@ class Monitor:
         self._routine: deque[Observation] = deque(maxlen=20000)  # local readings that show nothing wrong
         self._cuts = (0.0, 0.0)  # what _prune dropped: older than these, in _window and in _routine
         self._latest: dict[str, Observation] = {}
-        self._logs, self._gpu, self._progress = LogWatch(), GpuWatch(), ProgressTracker(role)
-        self._engine = EngineTracker()
+        self._logs, self._gpu, self._scraper = LogWatch(), GpuWatch(), Scraper(role)
         if xids_seen is not None:  # an Xid an earlier launch of the server reported is not reported again
             self._gpu.seen = xids_seen
         self.reset(time.monotonic())
@@ -112,6 +111,8 @@ class Monitor:
         self.started_at = now
         self._due: dict[str, float] = {"health": now, "progress": now, "local": now, "logs_quiet": now}
         self._canary_history: deque[str] = deque(maxlen=3)
+        self._canary_rank = 0  # a data-parallel server: the DP rank the next canary is routed to
+        self._last_dp: Observation | None = None  # the DP ranks' snapshots of the newest scrape
         self._armed: set[str] = set()  # canaries scheduled at least once this launch
         self._healthy_seen = False  # /health answered 200 in this launch (probe it at its own period then)
         self._pending: list[Observation] = []  # recorded by a running task, returned by the next tick
@@ -121,8 +122,7 @@ class Monitor:
         self._stacks_done: set[tuple[float, float]] = set()  # (episode, fraction) dumped
         self._gpu_busy_at: float | None = None
         self._logs.reset(now)
-        self._progress.reset(now)
-        self._engine.reset()
+        self._scraper.reset(now)
 
     async def tick(self, now: float) -> list[Observation]:
         """Collect finished probes, run the cheap local ones, start what is due; returns new observations."""
@@ -158,7 +158,7 @@ class Monitor:
 
     def restart_pd_lease(self, now: float) -> None:
         """The PD queue's stand counts from `now` (the supervisor aborted the requests in it)."""
-        self._progress.restart_pd(now)
+        self._scraper.progress.restart_pd(now)
 
     def reconfigure(self, settings: ProbeSettings) -> None:
         """New probe settings (a config reload) take effect from the next tick."""
@@ -230,9 +230,9 @@ class Monitor:
             verdict = str(canary_values(obs).get("verdict"))
             self._canary_history.append(verdict)
             retry = verdict == INCONCLUSIVE
-            self._due["canary_tool"] = now + (
-                min(s.canary_period_s, CANARY_RETRY_S) if retry else s.canary_period_s
-            )
+            self._canary_rank = (self._canary_rank + 1) % max(1, s.dp_size)
+            period = s.canary_period_s / max(1, s.dp_size)  # every DP rank proven once a canary period
+            self._due["canary_tool"] = now + (min(period, CANARY_RETRY_S) if retry else period)
             soft = retry and sum(v == INCONCLUSIVE for v in self._canary_history) >= 2
             obs = dataclasses.replace(obs, values={**obs.values, "soft_fail": soft})
             if verdict == PASS and "canary_stream" not in self._armed and s.stream_canary_on:
@@ -240,10 +240,17 @@ class Monitor:
                 self._due["canary_stream"] = now + min(s.stream_canary_period_s, s.stream_canary_first_s)
         if kind == "canary_stream" and s.stream_canary_on:
             self._due["canary_stream"] = now + s.stream_canary_period_s
-        if kind == "progress" and progress_values(obs).get("work"):
-            period = BUSY_SCRAPE_S if progress_values(obs).get("moved") else SUSPECT_SCRAPE_S
+        if kind == "progress" and (progress_values(obs).get("work") or self._rank_lags()):
+            moved = progress_values(obs).get("moved") and not self._rank_lags()
+            period = BUSY_SCRAPE_S if moved else SUSPECT_SCRAPE_S
             self._due["progress"] = min(self._due.get("progress", now), now + period)
         return obs
+
+    def _rank_lags(self) -> bool:
+        """A DP rank's snapshot lags its peers' by more than an idle loop's second (scrape faster meanwhile)."""
+        dp = self._last_dp
+        ranks = dp_values(dp).get("ranks", {}) if dp else {}
+        return any(float(v.get("lag_s", 0.0)) >= RANK_SUSPECT_LAG_S for v in ranks.values())
 
     def _local(self, now: float) -> list[Observation]:
         if now < self._due["local"]:
@@ -297,7 +304,7 @@ class Monitor:
             self._due.pop("canary_stream", None)
         progress = self._latest.get("progress")
         stalled = float(progress_values(progress).get("stalled_s", 0.0)) if progress else 0.0
-        episode = self._progress.work_since
+        episode = self._scraper.progress.work_since
         if episode is None or "stacks" in self._tasks:
             return
         due = [
@@ -348,35 +355,20 @@ class Monitor:
         return self._session
 
     async def _scrape(self, session: aiohttp.ClientSession) -> Observation:
-        """/metrics, and beside it SGLang's own word on a pause (not for a router: it has no engine)."""
-        s = self.settings
-        scrape = scrape_metrics(session, self.base_url, s.health_timeout_s, s.metrics_max_bytes, s.api_key)
-        paused, live = False, None
-        if self.role == "router":
-            samples, error, latency = await scrape
-        else:
-            start = time.monotonic()
-            (samples, error, latency), (ready, ping), live = await asyncio.gather(
-                scrape,
-                ready_and_ping(session, self.base_url, min(s.health_timeout_s, SIDE_READ_S), s.api_key),
-                pd_loads(session, self.base_url, self.role, min(s.health_timeout_s, SIDE_READ_S), s.api_key),
-            )
-            engine = self._engine.update(samples, ready, ping, time.monotonic(), time.monotonic() - start)
-            paused = bool(engine_values(engine).get("paused"))
-            self._pending.append(engine)  # looked up after the await: tick() swaps the list
+        """/metrics into the lease, with what SGLang says beside it (probes/scrape.py)."""
         others = [t for t in (self._logs.last_progress_at, self._gpu_busy_at) if t is not None]
         # a prefill's canary is judged on its decode (the prefill's half is in its HTTP gauge while it runs)
         canary = self.role != "prefill" and any(k in self._tasks for k in ("canary_tool", "canary_stream"))
-        return self._progress.update(
-            samples,
-            time.monotonic(),
+        progress, side = await self._scraper.run(
+            session,
+            self.base_url,
+            self.settings,
             canary_outstanding=canary,
             other_progress_at=max(others) if others else None,
-            error=error,
-            latency_s=latency,
-            paused=paused,
-            pd_live=live,
         )
+        self._pending.extend(side)  # looked up after the await: tick() swaps the list
+        self._last_dp = next((o for o in side if o.probe == "dp"), None)
+        return progress
 
     async def _canaries(self, session: aiohttp.ClientSession) -> Observation:
         """Config check and reasoning canary first (recorded here), then the tool canary (returned)."""
@@ -385,10 +377,11 @@ class Monitor:
             checked = await config_check(session, self.base_url, s)
             self._pending.append(checked)  # looked up after the await: tick() swaps the list
         url, pair = self._target()
+        rank = self._canary_rank if s.dp_size > 1 and pair is None else None
         if s.expected_reasoning_parser:
-            reasoned = await reasoning_canary(session, url, self.model, s, pair)
+            reasoned = await reasoning_canary(session, url, self.model, s, pair, dp_rank=rank)
             self._pending.append(reasoned)
-        return await tool_canary(session, url, self.model, s, pair=pair)
+        return await tool_canary(session, url, self.model, s, pair=pair, dp_rank=rank)
 
     async def _stream(self, session: aiohttp.ClientSession) -> Observation:
         (url, pair), tool = self._target(), self._latest.get("canary_tool")

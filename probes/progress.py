@@ -23,7 +23,7 @@ import aiohttp
 
 from policies.model import Observation, ProgressValues
 from probes.base import auth_headers, read_capped
-from probes.pd_pair import PdLoads
+from probes.loads import PdLoads
 
 GENERATION_ENDPOINTS = frozenset(
     {"/generate", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}

@@ -169,11 +169,13 @@ def cmd_check(path: Path, manifest: Path | None = None) -> int:
     """
     from supervisor.config import ConfigError, load_config
     from supervisor.config.checks import parser_warnings
+    from supervisor.config.dp_checks import dp_notes
     from supervisor.config.manifest import ManifestError, check_manifest
     from supervisor.config.pd_checks import pd_warnings, router_warnings
     from supervisor.config.prepare import prepare
     from supervisor.config.stopbudget import advice, stop_budget
     from supervisor.gateway.check import gateway_warnings
+    from supervisor.host.flaghelp import sglang_version
     from supervisor.redaction import secret_file_warnings
 
     try:
@@ -188,7 +190,7 @@ def cmd_check(path: Path, manifest: Path | None = None) -> int:
         print(f"check-config: {exc}", file=sys.stderr)
         return 1
     found = [*secret_file_warnings(cfg), *parser_warnings(cfg), *pd_warnings(cfg, os.environ)]
-    found += [*router_warnings(cfg), *([budget] if short else []), *pod]
+    found += [*router_warnings(cfg), *dp_notes(cfg, sglang_version), *([budget] if short else []), *pod]
     for warning in [*found, *gateway_warnings(cfg)]:
         print(f"warning: {warning}", file=sys.stderr)
     problems = check_target_flags(cfg)

@@ -161,9 +161,8 @@ def _check_resources(
     if s.role is Role.ROUTER and s.gpus:
         errors.append(FieldError(f"{at}.gpus", list(s.gpus), "none: a router owns no GPU"))
     if s.role is not Role.ROUTER and config.supervisor.gpu_backend != "none":
-        dp_attention = argv.present(s.args, "--enable-dp-attention", s.flags)
         nnodes = s.nnodes
-        need = s.tp_size * s.pp_size * (1 if dp_attention else s.dp_size) // nnodes
+        need = s.tp_size * s.pp_size * (1 if s.attn_dp_size > 1 else s.dp_size) // nnodes
         if len(set(s.gpus)) < need:
             per = f" / {nnodes} nodes" if nnodes > 1 else ""
             errors.append(FieldError(f"{at}.gpus", list(s.gpus), f"{need} distinct GPUs (tp × pp × dp{per})"))

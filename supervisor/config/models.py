@@ -96,6 +96,7 @@ class ProbesConfig(_Model):
     stream_canary_period_s: float = Field(1800, ge=0)
     stream_canary_first_s: float = Field(30, ge=0)
     stall_after_s: float = Field(20, gt=0)
+    rank_stall_after_s: float = Field(6, gt=0)
     metrics_period_s: float = Field(5, gt=0)
     expected_tool_parser: str = "auto"
     expected_reasoning_parser: str = "auto"
@@ -191,6 +192,20 @@ class ServerConfig(_Model):
     def dp_size(self) -> int:
         """Data-parallel size (`--dp-size` or its alias or abbreviation), default 1."""
         return self.positive_arg("--dp-size") or 1
+
+    @property
+    def attn_dp_size(self) -> int:
+        """Attention-DP groups, which split the TP group (tp × pp GPUs, `scheduler_DP1_TP1` …): `--attn-dp-size`, or
+        `--dp-size` with the deprecated `--enable-dp-attention` (SGLang 0.5.23 turns the one into the other)."""
+        if argv.present(self.args, "--enable-dp-attention", self.flags):
+            return self.positive_arg("--attn-dp-size") or self.dp_size
+        return self.positive_arg("--attn-dp-size") or 1
+
+    @property
+    def dp_ranks(self) -> int:
+        """DP ranks, each a scheduler loop with its own `/v1/loads` snapshot: replicas × attention-DP groups (one
+        of the two is 1)."""
+        return self.attn_dp_size if self.attn_dp_size > 1 else self.dp_size
 
     @property
     def pp_size(self) -> int:

@@ -96,6 +96,12 @@ def _version(python: Path | None) -> str | None:
     return None
 
 
+def sglang_version(command: Sequence[str]) -> str | None:
+    """The SGLang version a server's command runs (None when it cannot be told)."""
+    found = shutil.which(command[0]) if command else None
+    return _version(_python_of(Path(os.path.abspath(found)))) if found else None
+
+
 def _cache_key(command: Sequence[str], executable: Path) -> str:
     stat = executable.stat()
     material = {

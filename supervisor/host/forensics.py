@@ -1,6 +1,6 @@
 """Forensics first: before a fault kill, collect the evidence within a time budget, in parallel.
 
-`state_dir/forensics/<incident>/`: one `stack-<title>.txt` per rank (py-spy), `log-tail.txt`, `probes.json`
+`state_dir/forensics/<incident>/`: one `stack-<title>.txt` per rank (py-spy; a wedged DP rank's listed first), `log-tail.txt`, `probes.json`
 (last probe values incl. the metrics scrape), `gpus.json`, `argv-env.json` (secrets redacted), `summary.json`.
 Retention is capped by count and bytes (oldest bundles go first).
 """
@@ -49,6 +49,14 @@ async def dump_stack(pid: int, timeout_s: float) -> str:
     return text or f"py-spy dump of pid {pid} failed: {error}"
 
 
+def _named_first(ranks: Mapping[int, str], dp_rank: object) -> dict[int, str]:
+    """The ranks with those of the DP rank an incident names first (their stacks lead the bundle)."""
+    if not isinstance(dp_rank, int):
+        return dict(ranks)
+    mine = re.compile(rf"_DP{dp_rank}(?:_|$)")
+    return dict(sorted(ranks.items(), key=lambda item: not mine.search(item[1])))
+
+
 def _safe(title: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", title)[:80] or "rank"
 
@@ -77,7 +85,7 @@ async def capture(
     except OSError as exc:
         log.error("forensics.failed", incident=incident.id, error=str(exc))
         return ""
-    ranks = dict(evidence.rank_pids)
+    ranks = _named_first(evidence.rank_pids, incident.evidence.get("dp_rank"))
     stacks = await asyncio.gather(*(dump_stack(pid, budget_s) for pid in ranks))
     contents = {
         f"stack-{_safe(title)}.txt": f"# pid {pid} {title}\n{text}"

@@ -96,19 +96,23 @@ class TreeEvent:
     title: str = ""
 
 
-def expected_rank_titles(tp: int, dp: int = 1, pp: int = 1, nnodes: int = 1, node_rank: int = 0) -> list[str]:
+def expected_rank_titles(
+    tp: int, dp: int = 1, pp: int = 1, nnodes: int = 1, node_rank: int = 0, dp_attention: bool = False
+) -> list[str]:
     """Process titles SGLang gives its schedulers, detokenizer and DP controller for this layout.
 
     A server spread over `nnodes` nodes runs TP ranks `node_rank·tp/nnodes …` here, and its detokenizer on
-    node 0 only.
+    node 0 only. With DP attention the DP ranks split the TP group: TP rank `t` is attention-DP rank
+    `t // (tp / dp)` (`scheduler_DP0_TP0`, `scheduler_DP1_TP1` at tp 2, dp 2), `tp` schedulers in all.
     """
     titles: list[str] = []
     per_node = max(1, tp // max(1, nnodes))
     local = range(node_rank * per_node, (node_rank + 1) * per_node) if nnodes > 1 else range(tp)
-    for d in range(dp):
+    for d in range(1 if dp_attention else dp):
         for p in range(pp):
             for t in local:
-                parts = [f"DP{d}"] if dp > 1 else []
+                shown = t // max(1, tp // dp) if dp_attention else d
+                parts = [f"DP{shown}"] if dp > 1 else []
                 parts += [f"PP{p}"] if pp > 1 else []
                 parts += [f"TP{t}"] if tp > 1 else []
                 titles.append("_".join(["sglang::scheduler", *parts]))

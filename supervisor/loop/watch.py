@@ -56,6 +56,8 @@ def probe_settings(loop: Loop) -> ProbeSettings:
         stream_canary_period_s=p.stream_canary_period_s,
         stream_canary_first_s=p.stream_canary_first_s,
         stall_after_s=p.stall_after_s,
+        dp_size=loop.cfg.dp_ranks,
+        rank_stall_after_s=p.rank_stall_after_s,
         metrics_period_s=p.metrics_period_s,
         startup_budget_s=loop.cfg.startup_budget_s,
         startup_silence_s=loop.cfg.startup_silence_s,
@@ -135,7 +137,8 @@ class Watch:
         cfg = self.loop.cfg
         if cfg.role is Role.ROUTER:
             return []
-        return proctree.expected_rank_titles(cfg.tp_size, cfg.dp_size, cfg.pp_size, cfg.nnodes, cfg.node_rank)
+        layout = (cfg.tp_size, cfg.dp_ranks, cfg.pp_size, cfg.nnodes, cfg.node_rank)
+        return proctree.expected_rank_titles(*layout, dp_attention=cfg.attn_dp_size > 1)
 
     def _new_monitor(self) -> ProbeMonitor:
         loop = self.loop

@@ -205,8 +205,20 @@ def port_free(port: int) -> bool:
 class InFlight:
     """`n` long `/generate` requests (EOS ignored) kept in flight on a thread each; bounded by their timeout."""
 
-    def __init__(self, base_url: str, n: int = 2, tokens: int = 3000, timeout_s: float = 600) -> None:
-        body = {"text": "hello", "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}
+    def __init__(
+        self,
+        base_url: str,
+        n: int = 2,
+        tokens: int = 3000,
+        timeout_s: float = 600,
+        routed_dp_rank: int | None = None,
+    ) -> None:
+        body: dict[str, Any] = {
+            "text": "hello",
+            "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True},
+        }
+        if routed_dp_rank is not None:
+            body["routed_dp_rank"] = routed_dp_rank
         self.req = urllib.request.Request(
             base_url + "/generate",
             data=json.dumps(body).encode(),

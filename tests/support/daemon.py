@@ -56,12 +56,15 @@ class Deployment:
     alertmanager_url: str = ""
     parsers: tuple[str | None, str | None] = ("kimi_k2", "kimi_k2")
     token: str = "s3cret-token"
+    sim_ports: int = (
+        3  # consecutive ports the simulator takes from --port (one more per DP rank past the first)
+    )
     daemon: subprocess.Popen[bytes] | None = None
     watch: TreeWatch | None = None  # the invariants, watched from the first start to the cleanup
 
     def __post_init__(self) -> None:
         self.sim = self.root / "sim"
-        self.port = free_port(3)
+        self.port = free_port(self.sim_ports)
         self.http_port = free_port()
         self.config_path = self.root / "config.toml"
         self.write()

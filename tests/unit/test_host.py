@@ -22,6 +22,18 @@ def test_expected_rank_titles_follow_sglang_prefixes() -> None:
     assert expected_rank_titles(2, pp=2)[1] == "sglang::scheduler_PP0_TP1"
 
 
+def test_with_dp_attention_the_dp_ranks_split_the_tp_group() -> None:
+    """`--tp-size 4 --dp-size 2 --enable-dp-attention`: four schedulers, TP ranks 0-1 attention-DP rank 0 and 2-3
+    rank 1 (SGLang titles each with its attention-DP rank and its global TP rank), not eight."""
+    titles = expected_rank_titles(4, dp=2, dp_attention=True)
+    assert titles[:4] == [f"sglang::scheduler_DP{t // 2}_TP{t}" for t in range(4)]
+    assert titles[4:] == ["sglang::detokenizer", "sglang::data_parallel_controller"]
+    assert expected_rank_titles(2, dp=2, dp_attention=True)[:2] == [
+        "sglang::scheduler_DP0_TP0",
+        "sglang::scheduler_DP1_TP1",
+    ]
+
+
 def test_sweep_shm_respects_the_ownership_filter(tmp_path: Path) -> None:
     """Only files the predicate attributes to the dead run are removed."""
     (tmp_path / "psm_mine").write_bytes(b"x")

@@ -19,9 +19,10 @@ from probes.base import error_message
 from probes.canary import chat, from_json, reassemble, tool_canary
 from probes.gpu_probe import GpuWatch
 from probes.health import probe_health
+from probes.loads import PdLoads, pd_summary, read_loads
 from probes.logwatch import LogWatch
 from probes.monitor import ROUTINE_KEEP_S, Monitor
-from probes.pd_pair import PdLoads, PdPair, pd_loads
+from probes.pd_pair import PdPair
 from probes.progress import ProgressTracker, parse_metrics, progress_counters
 from probes.stacks import classify, observe_ranks, parse_dump
 from supervisor.host.aborts import abort_all
@@ -626,9 +627,10 @@ async def test_a_pd_workers_live_queues_say_what_waits_for_the_partner(fake: tup
     queues |= {"prefill_bootstrap_queue_reqs": 2, "prefill_inflight_queue_reqs": 0}
     server.loads = [{"num_running_reqs": 1, "disaggregation": queues}, {"num_running_reqs": 0}]
     async with aiohttp.ClientSession() as session:
-        assert await pd_loads(session, url, "decode", 5.0, None) == PdLoads(4.0, 1.0, 1.0)
-        assert await pd_loads(session, url, "prefill", 5.0, None) == PdLoads(2.0, 1.0, 2.0)
-        assert await pd_loads(session, url, "unified", 5.0, None) is None
+        ranks = await read_loads(session, url, 5.0, None)
+    assert pd_summary(ranks, "decode") == PdLoads(4.0, 1.0, 1.0)
+    assert pd_summary(ranks, "prefill") == PdLoads(2.0, 1.0, 2.0)
+    assert pd_summary(ranks, "unified") is None
 
 
 async def test_aborting_a_servers_requests_asks_sglang_to_abort_all(fake: tuple[FakeServer, str]) -> None:
