@@ -34,10 +34,12 @@ VENV = "/opt/sglang-supervisor/venv"
 SIM = "/var/lib/sglang-sim"
 STOP_TIMEOUT_S = 180  # the documented stop timeout (README, runbook, examples)
 FIGURES: dict[str, str] = {}  # measured figures of this run, printed in the tier's summary
-_GET = (
+_REQUEST = (
     "import sys, urllib.request, urllib.error\n"
+    "data = sys.argv[3].encode() if len(sys.argv) > 3 else None\n"
+    "req = urllib.request.Request(sys.argv[1], data=data, headers={'Content-Type': 'application/json'})\n"
     "try:\n"
-    "    r = urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2]))\n"
+    "    r = urllib.request.urlopen(req, timeout=float(sys.argv[2]))\n"
     "    code, body = r.status, r.read()\n"
     "except urllib.error.HTTPError as e:\n"
     "    code, body = e.code, e.read()\n"
@@ -138,16 +140,23 @@ class Box:
     # ---- the container's loopback, from inside its network namespace
     def get(self, path: str, port: int = STATUS_PORT, timeout_s: float = 4.0) -> tuple[int, str]:
         """GET `path` on the container's loopback: (status, body); (0, "") when nothing answers."""
+        return self._request(path, port, timeout_s)
+
+    def post_fault(self, fault: dict[str, Any]) -> tuple[int, str]:
+        """Arm a simulator fault live (`POST /sim/fault` on the container's loopback)."""
+        return self._request("/sim/fault", SIM_PORT, 10.0, json.dumps(fault))
+
+    def _request(self, path: str, port: int, timeout_s: float, body: str | None = None) -> tuple[int, str]:
         pid = self.engine.host_pid(self.name)
         if not pid:
             return 0, ""
-        url = f"http://127.0.0.1:{port}{path}"
+        argv = [sys.executable, "-c", _REQUEST, f"http://127.0.0.1:{port}{path}", str(timeout_s)]
         result = subprocess.run(
-            ["nsenter", f"--net=/proc/{pid}/ns/net", sys.executable, "-c", _GET, url, str(timeout_s)],
+            ["nsenter", f"--net=/proc/{pid}/ns/net", *argv, *([body] if body is not None else [])],
             capture_output=True, text=True, timeout=timeout_s + 30, check=False,
         )  # fmt: skip
-        code, _, body = result.stdout.partition("\n")
-        return (int(code), body) if code.isdigit() else (0, "")
+        code, _, answer = result.stdout.partition("\n")
+        return (int(code), answer) if code.isdigit() else (0, "")
 
     def post_in_background(self, path: str, body: dict[str, Any], port: int = SIM_PORT) -> subprocess.Popen[bytes]:
         """A POST from inside the container's network namespace that may never be answered (killed by its pid)."""
