@@ -96,7 +96,9 @@ class Engine:
         )
         if check and result.returncode != 0:
             raise AssertionError(
-                f"{self.name} {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}"[-4000:]
+                f"{self.name} {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}"[
+                    -4000:
+                ]
             )
         return result
 
@@ -150,12 +152,16 @@ def start_docker(root: Path) -> Engine:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
     env["DOCKER_HOST"] = f"unix://{sock}"
     with (root / "dockerd.log").open("ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     engine = Engine("docker", [DOCKER], env, root, proc)
 
     def answering() -> bool:
         if proc.poll() is not None:
-            raise AssertionError(f"dockerd exited {proc.returncode}:\n{(root / 'dockerd.log').read_text()[-3000:]}")
+            raise AssertionError(
+                f"dockerd exited {proc.returncode}:\n{(root / 'dockerd.log').read_text()[-3000:]}"
+            )
         return engine("version", timeout_s=10, check=False).returncode == 0
 
     wait_for(answering, 60, "dockerd answering on its socket", interval=0.1)

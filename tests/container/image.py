@@ -38,7 +38,9 @@ def mirror() -> str:
     """The Debian mirror apt uses on this host (its first `deb` URI), else Debian's own."""
     for path in SOURCES:
         if path.exists():
-            found = re.search(r"^(?:URIs:\s*|deb\s+(?:\[[^]]*\]\s+)?)(\S+/debian)/?\s*$", path.read_text(), re.M)
+            found = re.search(
+                r"^(?:URIs:\s*|deb\s+(?:\[[^]]*\]\s+)?)(\S+/debian)/?\s*$", path.read_text(), re.M
+            )
             if found:
                 return found.group(1)
     return MIRROR
@@ -47,7 +49,9 @@ def mirror() -> str:
 def _run(argv: list[str], what: str) -> None:
     result = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
     if result.returncode != 0:
-        raise RuntimeError(f"{what} failed (exit {result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}")
+        raise RuntimeError(
+            f"{what} failed (exit {result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}"
+        )
 
 
 def base_rootfs() -> Path:

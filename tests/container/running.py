@@ -50,7 +50,12 @@ _REQUEST = (
 
 
 def config(
-    *, drain_grace_s: int = 5, probes: dict[str, Any] | None = None, port: int = STATUS_PORT, tp: int = 2
+    *,
+    drain_grace_s: int = 5,
+    probes: dict[str, Any] | None = None,
+    host: str = "0.0.0.0",
+    port: int = STATUS_PORT,
+    tp: int = 2,
 ) -> str:
     """A simulator config for inside the image: state, logs and stand-in GPUs in the container's own folders, the
     simulator from the supervisor's venv (the image's python3 has only the stand-in SGLang), the control token
@@ -75,7 +80,7 @@ def config(
         f'sim_state_dir = "{SIM}"',
         "release_deadline_s = 15",
         "[supervisor.http]",
-        'host = "0.0.0.0"',
+        f'host = "{host}"',
         f"port = {port}",
         f'token_file = "{TOKEN}"',
         "[supervisor.restart]",
@@ -112,23 +117,37 @@ class Box:
         cls, engine: Engine, folder: Path, name: str, options: Sequence[str] = (), text: str | None = None
     ) -> Box:
         """`run -d` the image with the config (and token) mounted read-only, as the README does."""
+        cls.write(folder, text if text is not None else config())
+        return cls.start(engine, folder, name, options)
+
+    @staticmethod
+    def write(folder: Path, text: str) -> None:
+        """The config and the control token (mode 0600) in the host folder."""
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.toml").write_text(text if text is not None else config())
+        (folder / "config.toml").write_text(text)
         token = folder / "token"
         token.write_text("s3cret-token\n")
         token.chmod(0o600)
+
+    @classmethod
+    def start(cls, engine: Engine, folder: Path, name: str, options: Sequence[str] = ()) -> Box:
+        """`run -d` the image with the folder's config and token mounted read-only."""
         network = [] if any(o.startswith("--network") for o in options) else ["--network", "none"]
         engine(
             "run", "-d", "--name", name, *network, *options,
-            "-v", f"{folder / 'config.toml'}:{CONFIG}:ro", "-v", f"{token}:{TOKEN}:ro", TAG,
+            "-v", f"{folder / 'config.toml'}:{CONFIG}:ro", "-v", f"{folder / 'token'}:{TOKEN}:ro", TAG,
         )  # fmt: skip
         return cls(engine, name, folder)
 
-    def __call__(self, *args: str, timeout_s: float = 120.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def __call__(
+        self, *args: str, timeout_s: float = 120.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         """The engine's CLI on this container: `box("stop")` is `docker stop NAME`."""
         return self.engine(args[0], *args[1:], self.name, timeout_s=timeout_s, check=check)
 
-    def exec(self, *argv: str, check: bool = True, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def exec(
+        self, *argv: str, check: bool = True, timeout_s: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
         return self.engine("exec", self.name, *argv, timeout_s=timeout_s, check=check)
 
     def state(self) -> dict[str, Any]:
@@ -158,7 +177,9 @@ class Box:
         code, _, answer = result.stdout.partition("\n")
         return (int(code), answer) if code.isdigit() else (0, "")
 
-    def post_in_background(self, path: str, body: dict[str, Any], port: int = SIM_PORT) -> subprocess.Popen[bytes]:
+    def post_in_background(
+        self, path: str, body: dict[str, Any], port: int = SIM_PORT
+    ) -> subprocess.Popen[bytes]:
         """A POST from inside the container's network namespace that may never be answered (killed by its pid)."""
         pid = self.engine.host_pid(self.name)
         script = (
@@ -184,7 +205,9 @@ class Box:
         status = self.status()
         return dict(status["servers"][0]) if status else None
 
-    def wait_server(self, check: Callable[[dict[str, Any]], bool], timeout_s: float, what: str) -> dict[str, Any]:
+    def wait_server(
+        self, check: Callable[[dict[str, Any]], bool], timeout_s: float, what: str
+    ) -> dict[str, Any]:
         """Poll /status until `check(server)` holds; fail with the container's log (at once if it has exited)."""
 
         def probe() -> dict[str, Any] | None:

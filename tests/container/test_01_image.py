@@ -16,7 +16,9 @@ def test_the_shipped_dockerfile_builds_unchanged_with_its_entrypoint_stop_signal
     as its stop signal and its HEALTHCHECK on the status port (podman keeps it in the docker format only)."""
     text = dockerfile().read_text()
     found = re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", text, re.MULTILINE)
-    assert found, "the Dockerfile's ENTRYPOINT is not in exec form: a shell as PID 1 would not pass signals on"
+    assert found, (
+        "the Dockerfile's ENTRYPOINT is not in exec form: a shell as PID 1 would not pass signals on"
+    )
     inspected = engine.inspect(TAG)
     image = inspected["Config"]
     assert image["Entrypoint"] == json.loads(found.group(1))

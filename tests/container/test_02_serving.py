@@ -99,7 +99,9 @@ def test_exec_status_handover_and_restart_work_as_on_a_host(box: Box) -> None:
     main = before["servers"][0]["pid"]
     box.exec("sglang-supervisor", "handover", timeout_s=120)
     handed = box.wait_server(
-        lambda s: s["state"] == "serving" and bool((s.get("adopted") or {}).get("handover")), 60, "handed over"
+        lambda s: s["state"] == "serving" and bool((s.get("adopted") or {}).get("handover")),
+        60,
+        "handed over",
     )
     after = box.status()
     assert after is not None and (after["pid"], handed["pid"]) == (before["pid"], main)
@@ -134,7 +136,9 @@ def test_stop_with_the_documented_timeout_drains_and_exits_0_with_nothing_left(b
     daemon, PID 1 exits 0 well within the timeout, and no process of the container is left."""
     namespace = box.pid_namespace()
     code, took = box.stop()
-    record(f"{box.engine.name}: stop (--stop-timeout {STOP_TIMEOUT_S}) of a serving container", f"{took:.1f} s")
+    record(
+        f"{box.engine.name}: stop (--stop-timeout {STOP_TIMEOUT_S}) of a serving container", f"{took:.1f} s"
+    )
     assert code == 0, box.logs()[-3000:]
     assert box.events("daemon.stopped")
     assert box.events("init.exit")[-1]["status"] == 0

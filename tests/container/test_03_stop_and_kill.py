@@ -17,7 +17,11 @@ from tests.container.running import SIM_PORT, STOP_TIMEOUT_S, Box, config, recor
 from tests.support.wait import wait_for
 
 DRAIN_GRACE_S = 15  # longer than the engines' default stop timeout
-PROBES = {"stall_after_s": 600, "canary_period_s": 600, "stream_canary_period_s": 0}  # the wedge is the stop's
+PROBES = {
+    "stall_after_s": 600,
+    "canary_period_s": 600,
+    "stream_canary_period_s": 0,
+}  # the wedge is the stop's
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,11 @@ def wedge_a_request(box: Box) -> subprocess.Popen[bytes]:
     """Arm the silent wedge and send one chat request into it; return once the server counts it running."""
     code, body = box.post_fault({"name": "watchdog_disabled_silent_wedge", "after_requests": 1})
     assert code == 200, body
-    body_ = {"model": "moonshotai/Kimi-K2.5", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    body_ = {
+        "model": "moonshotai/Kimi-K2.5",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+    }
     client = box.post_in_background("/v1/chat/completions", body_)
 
     def running() -> bool:
@@ -90,7 +98,10 @@ def test_the_default_stop_timeout_kills_the_container_mid_drain(box: Box) -> Non
     finally:
         client.kill()
         client.wait()
-    record(f"{box.engine.name}: stop with the default timeout, a {DRAIN_GRACE_S} s drain", f"{took:.1f} s, exit {code}")
+    record(
+        f"{box.engine.name}: stop with the default timeout, a {DRAIN_GRACE_S} s drain",
+        f"{took:.1f} s, exit {code}",
+    )
     assert code == 137, box.logs()[-3000:]
     assert len(box.events("daemon.stopped")) == stopped_before, "the SIGKILL came in the middle of the drain"
     forwarded = wait_for(lambda: box.events("init.forwarded"), 10, "PID 1's `init.forwarded` in the log")
@@ -110,7 +121,10 @@ def test_the_documented_stop_timeout_lets_the_drain_finish_and_exits_0(box: Box)
     finally:
         client.kill()
         client.wait()
-    record(f"{box.engine.name}: stop --time {STOP_TIMEOUT_S}, a {DRAIN_GRACE_S} s drain", f"{took:.1f} s, exit {code}")
+    record(
+        f"{box.engine.name}: stop --time {STOP_TIMEOUT_S}, a {DRAIN_GRACE_S} s drain",
+        f"{took:.1f} s, exit {code}",
+    )
     assert code == 0, box.logs()[-3000:]
     assert box.events("daemon.stopped")
     assert box.events("init.exit")[-1]["status"] == 0
