@@ -42,6 +42,7 @@ PACKAGES = {
     "podman": PODMAN,
     "catatonit": "/usr/bin/catatonit",
     "debootstrap": "/usr/sbin/debootstrap",
+    "docker-compose": "/usr/bin/docker-compose",  # Compose 1.29, for `config` of examples/compose.yaml
 }
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
 _APT_TIMEOUT_S = 900
