@@ -23,6 +23,6 @@ def test_the_shipped_dockerfile_builds_unchanged_with_its_entrypoint_stop_signal
     image = inspected["Config"]
     assert image["Entrypoint"] == json.loads(found.group(1))
     assert image["StopSignal"] == "SIGTERM"
-    check = (image.get("Healthcheck") or inspected["HealthCheck"])["Test"]  # podman: beside Config
+    check = (image.get("Healthcheck") or inspected["Healthcheck"])["Test"]  # podman: beside Config
     assert check[0] == "CMD" and "http://127.0.0.1:9400/healthz" in " ".join(check), check
     assert 9400 in {int(p.split("/")[0]) for p in image["ExposedPorts"]}
