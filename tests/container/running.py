@@ -32,6 +32,7 @@ STATUS_PORT = 9400  # the image's HEALTHCHECK and EXPOSE
 SIM_PORT = 30000
 VENV = "/opt/sglang-supervisor/venv"
 SIM = "/var/lib/sglang-sim"
+ENTRYPOINT = [f"{VENV}/bin/sglang-supervisor", "run", "--config", CONFIG]  # examples/Dockerfile's, exec form
 STOP_TIMEOUT_S = 180  # the documented stop timeout (README, runbook, examples)
 FIGURES: dict[str, str] = {}  # measured figures of this run, printed in the tier's summary
 _REQUEST = (

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.container.engines import Engine
-from tests.container.image import dockerfile
-from tests.container.running import STOP_TIMEOUT_S, TOKEN, Box, record
+from tests.container.running import ENTRYPOINT, STOP_TIMEOUT_S, TOKEN, Box, record
 from tests.support.wait import wait_for
 
 HEALTH = ["--health-interval", "1s"]  # the image's check command and timeout; only asked every second
@@ -34,17 +32,11 @@ def box(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bo
         box("rm", "-f", check=False)
 
 
-def entrypoint() -> list[str]:
-    found = re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", dockerfile().read_text(), re.MULTILINE)
-    assert found
-    return list(json.loads(found.group(1)))
-
-
 def test_the_supervisor_is_pid_1_and_serves_with_healthz_and_ready_answering(box: Box) -> None:
     """`ps` inside: PID 1 is the image's ENTRYPOINT, the daemon its child, SGLang (the simulator) the daemon's;
     `/healthz`, `/ready` and `/servers/sim/ready` answer 200 on the status port."""
     pid1 = box.exec("cat", "/proc/1/cmdline").stdout.rstrip("\0").split("\0")
-    assert pid1[-len(entrypoint()) :] == entrypoint(), pid1  # behind the interpreter of its #! line
+    assert pid1[-len(ENTRYPOINT) :] == ENTRYPOINT, f"PID 1 is {pid1}, not the supervisor: signals go to it"
     rows = {pid: (ppid, args) for pid, ppid, args in box.processes()}
     status = box.status()
     assert status is not None
