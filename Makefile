@@ -27,11 +27,11 @@ typecheck: $(STAMP)
 # The e2e tier mostly waits on servers, so eight workers fit two cores (tests/conftest.py orders them, slowest
 # first). Work stealing matters: xdist's default `load` hands each worker a fixed slice of the first quarter of the
 # tests up front, which put the slow tiers in six queues and left two workers idle after 20 s (7 min 40 s against
-# 4 min 55 s, measured). The systemd, monitoring and real-PD tiers each share one booted container, one
-# Prometheus or one real prefill/decode pair across their tests, which run in order, so each is one pytest
-# process of its own beside the workers (its output follows theirs, from .venv/tier-*.log). The real-serving tier
+# 4 min 55 s, measured). The systemd, monitoring, container and real-PD tiers each share one booted container,
+# one Prometheus, one dockerd (and the images it built) or one real prefill/decode pair across their tests, which
+# run in order, so each is one pytest process of its own beside the workers (its output follows theirs, from .venv/tier-*.log). The real-serving tier
 # then runs alone, one real SGLang server at a time.
-SERIAL_TIERS := systemd monitoring real_pd
+SERIAL_TIERS := systemd monitoring container real_pd
 
 test: lint typecheck
 	@rc=0; pids=""; slice=9; \

@@ -31,10 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     chk = sub.add_parser("check-config", help="validate a config file")
     chk.add_argument("--config", required=True, type=Path)
     chk.add_argument(
-        "--manifest",
-        type=Path,
-        help="a Kubernetes manifest that runs this config: its grace period and probes",
+        "--manifest", type=Path, help="a Kubernetes manifest that runs this config: grace, probes"
     )
+    chk.add_argument("--compose", type=Path, help="a Compose file that runs this config: grace, health, shm")
     hand = sub.add_parser("handover", help="restart the daemon in place, keeping every server (an upgrade)")
     hand.add_argument("--url", default=os.environ.get("SGLSUP_URL", DEFAULT_URL))
     hand.add_argument("--timeout", type=float, default=120.0, help="give up waiting after this many seconds")
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         return cmd_run(args.config, args.log_level)
     if args.cmd == "check-config":
-        return cmd_check(args.config, args.manifest)
+        return cmd_check(args.config, args.manifest, args.compose)
     if args.cmd == "handover":
         from supervisor.handover import cmd_handover
 
@@ -160,15 +159,16 @@ def _invalid(path: Path, errors: str) -> int:
     return EX_CONFIG
 
 
-def cmd_check(path: Path, manifest: Path | None = None) -> int:
+def cmd_check(path: Path, manifest: Path | None = None, compose: Path | None = None) -> int:
     """Exit 0 when `run` would start; otherwise every error with its field path, exit 78, no traceback.
 
     The config is loaded and built by the same code as `run` (`supervisor.config.prepare`), then each server's
     args and ladder flags are checked against its own SGLang's `--help`. The stop budget is printed; a
-    `manifest` that runs the config is checked against it (warnings; exit 1 when it cannot be read).
+    `manifest` or `compose` file that runs the config is checked against it (warnings; exit 1 when unreadable).
     """
     from supervisor.config import ConfigError, load_config
     from supervisor.config.checks import parser_warnings
+    from supervisor.config.compose import check_compose
     from supervisor.config.dp_checks import dp_notes
     from supervisor.config.manifest import ManifestError, check_manifest
     from supervisor.config.pd_checks import pd_warnings, router_warnings
@@ -186,6 +186,7 @@ def cmd_check(path: Path, manifest: Path | None = None) -> int:
     budget, short = advice(stop_budget(cfg))
     try:
         pod = check_manifest(manifest, cfg) if manifest is not None else []
+        pod += check_compose(compose, cfg) if compose is not None else []
     except ManifestError as exc:
         print(f"check-config: {exc}", file=sys.stderr)
         return 1

@@ -1,12 +1,10 @@
-"""The installed wheel as a container's PID 1, supervising the simulator, watched from the host.
+"""The installed wheel as PID 1 of a PID namespace of its own, supervising the simulator, watched from the host.
 
-Two runtimes give the daemon PID 1 of a new PID namespace, as a container runtime gives an entrypoint without
-`--init`: `unshare --pid --fork --mount-proc` (the PID namespace alone), and `systemd-nspawn` without `--boot`
-(a real container: the host's OS read-only under a tmpfs, its own /proc, /dev and /tmp; tests/support/nspawn.py)
-running the argv of the shipped Dockerfile's `ENTRYPOINT`. The test's folder is bound at its own path, so the
-config, state, logs and the simulator's stand-in GPUs have the same paths inside and out, and the host's watch of
-the invariants (tests/support/treewatch.py) reads them as for any deployment. The container keeps the host's
-network (its loopback is the tests' loopback): the tier is about processes, not networking.
+`unshare --pid --fork --mount-proc` gives the daemon PID 1 of a new PID namespace, as an engine gives an entrypoint
+without `--init`, and nothing else: the config, state, logs and the simulator's stand-in GPUs have the same paths
+inside and out, and the host's watch of the invariants (tests/support/treewatch.py) reads them as for any
+deployment. The real engines run the built image (tests/container/running.py); this keeps the host's view of every
+process through faults the engines' tests do not repeat.
 """
 
 from __future__ import annotations
@@ -18,36 +16,19 @@ import re
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
 from tests.support import procs
 from tests.support.daemon import Deployment
-from tests.support.nspawn import Bind, Container, nspid
+from tests.support.nspawn import nspid
 from tests.support.treewatch import TreeWatch, stop_and_check
 from tests.support.wait import wait_for
 from tests.support.wheel import Installed
 
-CONFIG_INSIDE = "/etc/sglang-supervisor/config.toml"
-VENV_INSIDE = "/opt/sglang-supervisor/venv"
 DRAINED_TIMEOUT_S = 180.0  # the documented stop timeout (docker stop -t, terminationGracePeriodSeconds)
-
-
-def entrypoint(installed: Installed) -> list[str]:
-    """The `ENTRYPOINT` of the Dockerfile the wheel carries (`sglang-supervisor files examples`)."""
-    listing = subprocess.run(
-        [str(installed.bin / "sglang-supervisor"), "files", "examples"],
-        capture_output=True, text=True, env=installed.env(), timeout=60, check=True,
-    )  # fmt: skip
-    dockerfile = Path(listing.stdout.strip()) / "Dockerfile"
-    found = re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", dockerfile.read_text(), re.MULTILINE)
-    assert found, f"{dockerfile} has no exec-form ENTRYPOINT"
-    argv = json.loads(found.group(1))
-    assert isinstance(argv, list) and all(isinstance(a, str) for a in argv)
-    return argv
 
 
 @dataclass
@@ -55,9 +36,6 @@ class ContainerDeployment(Deployment):
     """A simulated server under the installed daemon, which is PID 1 of its own PID namespace."""
 
     installed: Installed | None = None
-    runtime: str = "unshare"  # or "nspawn"
-    container: Container | None = None
-    exits: list[int] = field(default_factory=list)
 
     def write(self) -> None:
         super().write()
@@ -71,38 +49,18 @@ class ContainerDeployment(Deployment):
         assert self.installed is not None
         if self.watch is None:
             self.watch = TreeWatch(self.server_names(), self.root / "state", self.device_map())
-        if self.runtime == "unshare":
-            argv = ["unshare", "--pid", "--fork", "--mount-proc"]
-            argv += [str(self.installed.bin / "sglang-supervisor"), "run", "--config", str(self.config_path)]
-            log = open(self.root / "daemon.log", "ab")  # noqa: SIM115 - the child owns it
-            self.daemon = subprocess.Popen(
-                argv, env=self.installed.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-            log.close()
-            wait_for(self.pid1, 30, "PID 1 of the namespace")
-            return self.daemon
-        self.container = Container(
-            self.root / "container",
-            command=entrypoint(self.installed),
-            binds=[
-                Bind(self.root, str(self.root), writable=True),
-                Bind(self.installed.venv, VENV_INSIDE),
-                Bind(self.config_path, CONFIG_INSIDE),
-            ],
-            # SIGTERM is what `docker stop` sends PID 1; pipes, not a terminal, as `docker run` without -t gives
-            options=["--kill-signal=SIGTERM", "--console=pipe"],
-            private_network=False,
+        argv = ["unshare", "--pid", "--fork", "--mount-proc"]
+        argv += [str(self.installed.bin / "sglang-supervisor"), "run", "--config", str(self.config_path)]
+        log = open(self.root / "daemon.log", "ab")  # noqa: SIM115 - the child owns it
+        self.daemon = subprocess.Popen(
+            argv, env=self.installed.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        self.container.log = self.root / "daemon.log"
-        self.container.start()
-        assert self.container.proc is not None
-        self.daemon = self.container.proc
+        log.close()
+        wait_for(self.pid1, 30, "PID 1 of the namespace")
         return self.daemon
 
     def pid1(self) -> int | None:
         """The host PID of the namespace's PID 1 (our init)."""
-        if self.container is not None:
-            return self.container.leader()
         if self.daemon is None:
             return None
         with contextlib.suppress(psutil.Error):
@@ -142,22 +100,6 @@ class ContainerDeployment(Deployment):
         assert self.watch is not None
         return {seen.run for seen in self.watch.now()}
 
-    def daemon_pid(self) -> int:
-        """The daemon's host PID (a child of PID 1): the pid /status gives is the namespace's."""
-        leader = self.pid1()
-        assert leader is not None
-        inner = int(self.status()["pid"])
-        for child in psutil.Process(leader).children():
-            if nspid(child.pid)[-1:] == [inner]:
-                return child.pid
-        raise AssertionError(f"no child of PID 1 is the daemon (pid {inner} inside)")
-
-    def signal_pid1(self, sig: signal.Signals) -> None:
-        """`docker kill -s SIG`: a signal to the container's PID 1 from outside."""
-        leader = self.pid1()
-        assert leader is not None
-        os.kill(leader, sig)
-
     def docker_stop(self, timeout_s: float) -> tuple[int | None, float]:
         """`docker stop -t timeout_s`: SIGTERM to PID 1, SIGKILL after the timeout; (exit status, seconds)."""
         assert self.daemon is not None
@@ -190,10 +132,3 @@ class ContainerDeployment(Deployment):
         if self.daemon is not None and self.daemon.poll() is None and self.pid1() is not None:
             self.docker_stop(DRAINED_TIMEOUT_S)
         return stop_and_check(self.daemon, self.watch)
-
-    def cleanup(self, record: bool = True) -> list[str]:
-        """The deployment's cleanup, then the container's."""
-        problems = super().cleanup(record)
-        if self.container is not None:
-            self.container.close()
-        return problems
