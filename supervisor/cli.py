@@ -154,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _invalid(path: Path, errors: str) -> int:
     """Every config error with its field path on stderr; EX_CONFIG, which systemd does not restart."""
-    print(f"{path}: invalid configuration", file=sys.stderr)
-    print(errors, file=sys.stderr)
+    print(f"{path}: invalid configuration\n{errors}", file=sys.stderr)
     return EX_CONFIG
 
 
