@@ -46,6 +46,7 @@ from supervisor.reporting.status_http import StatusServer
 from supervisor.rungs import check_rung
 
 log = structlog.get_logger()
+EX_UNAVAILABLE = 69  # sysexits: the status port is taken (systemd retries it; a container's PID 1 does not)
 STALE_MIN_S = 10.0  # a server loop that has not beaten for max(this, 10 ticks) is wedged
 
 
@@ -295,8 +296,8 @@ class Daemon:
         self.stop_event.set()
 
     async def run(self) -> int:
-        """Run until SIGTERM/SIGINT (stop every server in order) or SIGUSR2 (hand every server over); 0 (1 when
-        the status server cannot bind, before any server starts)."""
+        """Run until SIGTERM/SIGINT (stop every server in order) or SIGUSR2 (hand every server over); 0
+        (`EX_UNAVAILABLE` when the status server cannot bind, before any server starts)."""
         aio = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             aio.add_signal_handler(sig, self.stop_event.set)
@@ -312,7 +313,7 @@ class Daemon:
         except OSError as exc:  # the port taken (another daemon, a stale listener): say so, exit, be retried
             log.error("daemon.status_bind_failed", url=self.status.url, error=exc.strerror or str(exc))
             await self.alerts.aclose(1.0)
-            return 1
+            return EX_UNAVAILABLE
         ticker = asyncio.create_task(self.tick())
         gateway = asyncio.create_task(self.svc.gateway.run()) if self.svc.gateway is not None else None
         tasks = [asyncio.create_task(loop.run_forever(), name=f"server.{loop.name}") for loop in self.loops]

@@ -11,7 +11,8 @@ library only, no event loop, nothing of the daemon's), and the daemon runs as it
   is forwarded;
 - a daemon that dies by a signal or with a failure status is started again after `RESTART_S` and adopts the
   servers, which kept serving (as systemd's `Restart=` does on a host), at most `BURST` times in `WINDOW_S`; a
-  config error (exit 78) or a clean exit ends the container with that status;
+  config error (exit 78), a status port taken (exit 69: in a container nothing of ours can still hold it, so a
+  retry would fail the same way) or a clean exit ends the container with that status;
 - once the daemon has exited for good, whatever is left in the namespace is killed and reaped before PID 1
   exits, and said (`init.leftover`).
 """
@@ -32,6 +33,11 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 STOPPING = (signal.SIGTERM, signal.SIGINT)
 WATCHED = (*FORWARDED, signal.SIGCHLD)
 EX_CONFIG = 78
+EX_UNAVAILABLE = 69  # the daemon's status port is taken
+FINAL = {
+    EX_CONFIG: "the config is invalid",
+    EX_UNAVAILABLE: "the status port is taken (daemon.status_bind_failed)",
+}
 RESTART_S = 1.0
 BURST, WINDOW_S = 5, 600.0
 _WAIT_S = 1.0
@@ -111,7 +117,9 @@ def run(argv: Sequence[str]) -> int:
                 continue
             daemon, last = 0, status
             _log("init.daemon_exited", status=status, stopping=stopping)
-            if stopping or status in (0, EX_CONFIG):
+            if status in FINAL:
+                _log("init.daemon_failed", status=status, hint=f"{FINAL[status]}: not restarted")
+            if stopping or status == 0 or status in FINAL:
                 return _finish(status)
             if len(starts) == BURST and time.monotonic() - starts[0] < WINDOW_S:
                 _log("init.start_limit", starts=BURST, window_s=WINDOW_S, hint="the daemon keeps failing")

@@ -141,6 +141,16 @@ def test_pid1_ends_with_78_on_a_config_error_without_restarting(tmp_path: Path) 
 
 
 @needs_namespaces
+def test_pid1_ends_with_69_when_the_status_port_is_taken_without_restarting(tmp_path: Path) -> None:
+    """The daemon's status port taken (on a container's host network): a retry would fail the same way, so the
+    container exits 69 after one start, PID 1 saying why."""
+    init = Pid1(tmp_path, "port_taken")
+    code, log = init.finish()
+    assert (code, len(init.starts())) == (69, 1)
+    assert "status port is taken" in events(log, "init.daemon_failed")[0]["hint"]
+
+
+@needs_namespaces
 def test_pid1_gives_up_after_five_quick_failures(tmp_path: Path) -> None:
     """A daemon that fails at once is started five times, then the container exits with its status."""
     init = Pid1(tmp_path, "always_fail")
