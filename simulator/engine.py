@@ -8,8 +8,6 @@ TokenizerManager would wait, gauges freeze, and only a health "busy path" (when 
 from __future__ import annotations
 
 import itertools
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +17,7 @@ from multiprocessing.connection import Connection
 from simulator.faults import FaultBook
 from simulator.logs import log, rank_prefix
 from simulator.sim_metrics import SimMetrics
+from simulator.watchdog import watchdog_loop
 
 Sink = Callable[[list[str], bool, str], None]  # (new tokens, finished, finish_reason)
 IDLE_PUBLISH_S = 0.2  # an idle scheduler loop publishes its load snapshot this often (SGLang: each loop)
@@ -100,7 +99,9 @@ class Engine:
         self._told = False  # the ranks were told the scheduler is paused (retract, in_place)
         self._steps = itertools.count(1)
         self._thread = threading.Thread(target=self._loop, name="scheduler-client", daemon=True)
-        self._watchdog = threading.Thread(target=self._watchdog_loop, name="scheduler-watchdog", daemon=True)
+        self._watchdog = threading.Thread(
+            target=watchdog_loop, args=(self,), name="scheduler-watchdog", daemon=True
+        )
 
     def start(self) -> None:
         """Start the engine and the simulated scheduler watchdog."""
@@ -377,30 +378,6 @@ class Engine:
                 f"{running_now / max(self.step_s, 1e-3):.2f}, #queue-req: 0",
                 self.prefix,
             )
-
-    def _watchdog_loop(self) -> None:
-        """SGLang's hard scheduler watchdog: a batch with no forward progress for the timeout → SIGQUIT."""
-        period = max(self.watchdog_timeout / 2, 0.5)
-        last_ct, last_change = self.forward_ct, time.monotonic()
-        while not self.stopping:
-            time.sleep(min(period, 1.0))
-            if self.forward_ct != last_ct or self.batch_active_since is None:
-                last_ct, last_change = self.forward_ct, time.monotonic()
-                continue
-            if self.wedged == "watchdog_disabled_silent_wedge" or self.dead:
-                continue  # disabled by the flag / the rank whose watchdog would fire died with it
-            if time.monotonic() - last_change >= self.watchdog_timeout:
-                prefix = self.prefix
-                log(f"Scheduler debug info: scheduler.cur_batch.batch_size()={len(self.running)}", prefix)
-                for pid in self.rank_pids:
-                    log(f"Pyspy dump for PID {pid}", prefix)
-                log(
-                    f"Scheduler watchdog timeout (self.watchdog_timeout={self.watchdog_label}, self.soft=False)",
-                    prefix,
-                )
-                time.sleep(5)
-                os.kill(os.getpid(), signal.SIGQUIT)
-                return
 
 
 def _drop(tokens: list[str], done: bool, reason: str) -> None:
