@@ -12,6 +12,9 @@ token, means the abort freed it; what stands after is a new stand, aborted again
 after an abort that freed nothing is aborted again too — SMG resends an aborted request (five tries by default), and
 the resent long prompt blocks the queue again within a scrape — up to `MAX_ABORTS` in a row; after that the server
 is restarted on its ladder (an abort SGLang takes without effect). Each abort is one incident with its alert.
+
+A request stuck while the server serves the rest (`request_stuck`, `policies.stuck`) is aborted by its own id, the
+others untouched; when that does not end it, the fault says so (`abort_ineffective`) and the server is restarted.
 """
 
 from __future__ import annotations
@@ -27,8 +30,14 @@ MAX_ABORTS = 5  # aborts in a row that free nothing before a restart (SMG's defa
 
 def abort_first(fault: Fault, levels: Mapping[str, int]) -> Plan | None:
     """Abort the server's requests instead of restarting it, or None (plan a recovery as usual): only for a
-    fault whose tags say the server itself is healthy, and not after `MAX_ABORTS` aborts in a row freed nothing."""
+    fault whose tags say the server itself is healthy, and not after `MAX_ABORTS` aborts in a row freed nothing;
+    for a stuck request (`policies.stuck`), only those requests, until aborting them proved ineffective."""
     tags = {str(t) for t in fault.evidence.get("tags", ())}
+    if fault.kind == "request_stuck":
+        if "abort_ineffective" in tags or not fault.evidence.get("rids"):
+            return None
+        why = "abort the stuck request(s) by id (POST /abort_request rid); the server keeps serving the rest"
+        return Plan("abort", why, levels=levels, page=False)
     if not tags & ABORT_TAGS or int(fault.evidence.get("progress", {}).get("pd_aborts") or 0) >= MAX_ABORTS:
         return None
     why = (

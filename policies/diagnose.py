@@ -25,6 +25,8 @@ Order of precedence (the first rule that holds decides; later rules only add not
                   it waits to pre-allocate (a request too large for the decode's pool blocks the rest).
 7. `decode_wedge` — work in flight (frozen running gauge, generation requests active, our own canary) with no
                   token progress for `stall_after_s`, or SGLang's own watchdog line.
+7a. `request_stuck` — one request in flight far past its peers and its `max_tokens` while the server serves the
+                  rest (SGLang's request log, `policies.stuck`): its id is aborted, the server kept.
 8. `parser_misconfig` — a definitive canary failure (leak signature, structural failure, stream/non-stream
                   disagreement) or `/server_info` naming another parser than expected.
 9. `health_unresponsive` — /health 503 or timing out for `unresponsive_after_s` (at least `health_failures` in a
@@ -52,7 +54,6 @@ from policies.model import (
     ProbeSettings,
     gpu_values,
     health_values,
-    logs_values,
     make_fault,
     progress_values,
     ranks_values,
@@ -60,6 +61,8 @@ from policies.model import (
 )
 from policies.pause import pause_overrun, paused_engine
 from policies.pd import awaits_kv, prefill_blamed, transfer_wedge, waits_on_pair
+from policies.startup import startup_stalled
+from policies.stuck import stuck_request
 from policies.window import Window
 
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95})
@@ -325,34 +328,11 @@ def _unresponsive(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
 
 
 def _startup_stalled(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
-    """While starting: no progress line for `startup_silence_s`, or the budget (extended by progress) spent.
+    return startup_stalled(w, ctx.started_at, ctx.settings, now) if ctx.phase == "starting" else None
 
-    Progress is the newest of a startup log line (shards, graph capture, JIT) and the metrics lease.
-    """
-    if ctx.phase != "starting":
-        return None
-    s = ctx.settings
-    last = max(ctx.started_at, w.last_progress_at() or ctx.started_at)
-    silent = now - last
-    deadline = max(ctx.started_at + s.startup_budget_s, last + s.startup_silence_s)
-    logs = w.latest("logs")
-    evidence = {
-        "silent_s": round(silent, 1),
-        "progress_line": logs_values(logs).get("progress_line") if logs else None,
-    }
-    if silent >= s.startup_silence_s:
-        return make_fault(
-            "startup_stalled", f"no startup progress for {silent:.0f}s", 0.8, onset=last, startup=evidence
-        )
-    if now >= deadline:
-        return make_fault(
-            "startup_stalled",
-            f"startup budget of {s.startup_budget_s:.0f}s spent",
-            0.8,
-            onset=ctx.started_at + s.startup_budget_s,
-            startup=evidence,
-        )
-    return None
+
+def _request_stuck(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    return stuck_request(w, ctx.settings)
 
 
 _RULES = (
@@ -367,13 +347,16 @@ _RULES = (
     _pd_wedge,
     _decode_wedge,
     _decode_wedge_logged,
+    _request_stuck,
     lambda w, ctx, now: parser_fault(w),
     _unresponsive,
     _startup_stalled,
     lambda w, ctx, now: stream_leak_fault(w),
 )
 # the rules a deliberate engine pause explains: they read the progress lease, the rank stacks and /health
-LEASE_RULES = frozenset({_collective_hang, _dp_rank_wedge, _pd_wedge, _decode_wedge, _unresponsive})
+LEASE_RULES = frozenset(
+    {_collective_hang, _dp_rank_wedge, _pd_wedge, _decode_wedge, _request_stuck, _unresponsive}
+)
 
 
 def diagnose(

@@ -88,6 +88,27 @@ class ProgressValues(TypedDict, total=False):
     counters: dict[str, float]
 
 
+class StuckCandidate(TypedDict, total=False):
+    """One of the oldest requests in flight in a `requests` observation."""
+
+    rid: str
+    age_s: float
+    max_new_tokens: int | None
+    finished_since: int  # requests finished since it came
+    aborted_s: float | None  # seconds since the supervisor aborted it (None: not aborted)
+
+
+class RequestsValues(TypedDict, total=False):
+    """`requests`: the requests in flight from SGLang's request log (probes/requests.py)."""
+
+    in_flight: int
+    finished: int
+    p99_e2e_s: float | None  # of the last finished requests
+    p99_per_token_s: float | None  # their e2e latency per completion token
+    oldest: list[StuckCandidate]
+    aborts: int  # requests the supervisor aborted in this launch
+
+
 class DpRankValues(TypedDict, total=False):
     """One DP rank in a `dp` observation."""
 
@@ -219,6 +240,11 @@ def progress_values(obs: Observation) -> ProgressValues:
     return cast(ProgressValues, obs.values)
 
 
+def requests_values(obs: Observation) -> RequestsValues:
+    """The values of a `requests` observation."""
+    return cast(RequestsValues, obs.values)
+
+
 def dp_values(obs: Observation) -> DpValues:
     """The values of a `dp` observation."""
     return cast(DpValues, obs.values)
@@ -289,6 +315,10 @@ class ProbeSettings:
         1  # the server's `--dp-size`: above 1, each DP rank's snapshot is read and judged on its own
     )
     rank_stall_after_s: float = 6.0  # a DP rank whose loop stood this long while a peer's turned is wedged
+    stuck_request_min_s: float = 300.0  # a request in flight no shorter than this can be stuck (request log)
+    stuck_request_factor: float = (
+        5.0  # … and this many times its peers' p99 latency and what max_tokens allows
+    )
     metrics_period_s: float = 5.0
     metrics_max_bytes: int = 4 * 1024 * 1024
     stacks_budget_s: float = 10.0
@@ -321,4 +351,4 @@ def routine_reading(obs: Observation) -> bool:
         return obs.ok
     if obs.probe == "gpu":
         return obs.ok and not gpu_values(obs).get("xids")
-    return obs.probe == "logs" and not logs_values(obs).get("hits")
+    return obs.probe == "requests" or (obs.probe == "logs" and not logs_values(obs).get("hits"))

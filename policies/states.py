@@ -43,6 +43,7 @@ class FaultKind(StrEnum):
     GPU_FAULT = "gpu_fault"
     HEALTH_UNRESPONSIVE = "health_unresponsive"
     PAUSE_OVERRUN = "pause_overrun"
+    REQUEST_STUCK = "request_stuck"
 
 
 _S = ServerState

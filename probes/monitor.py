@@ -29,7 +29,7 @@ import dataclasses
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import aiohttp
@@ -53,6 +53,7 @@ from probes.gpu_probe import GpuWatch
 from probes.health import probe_health
 from probes.logwatch import LogWatch
 from probes.pd_pair import PdPair
+from probes.requests import RequestLedger
 from probes.scrape import Scraper
 from probes.stacks import observe_ranks, probe_stacks
 from probes.stream_canary import stream_canary
@@ -96,6 +97,7 @@ class Monitor:
         self._cuts = (0.0, 0.0)  # what _prune dropped: older than these, in _window and in _routine
         self._latest: dict[str, Observation] = {}
         self._logs, self._gpu, self._scraper = LogWatch(), GpuWatch(), Scraper(role)
+        self._requests = RequestLedger()
         if xids_seen is not None:  # an Xid an earlier launch of the server reported is not reported again
             self._gpu.seen = xids_seen
         self.reset(time.monotonic())
@@ -123,6 +125,7 @@ class Monitor:
         self._gpu_busy_at: float | None = None
         self._logs.reset(now)
         self._scraper.reset(now)
+        self._requests.reset()
 
     async def tick(self, now: float) -> list[Observation]:
         """Collect finished probes, run the cheap local ones, start what is due; returns new observations."""
@@ -156,9 +159,12 @@ class Monitor:
         """The newest observation of one probe in this launch."""
         return self._latest.get(probe)
 
-    def restart_pd_lease(self, now: float) -> None:
-        """The PD queue's stand counts from `now` (the supervisor aborted the requests in it)."""
-        self._scraper.progress.restart_pd(now)
+    def note_abort(self, now: float, rids: Sequence[str] = ()) -> None:
+        """The supervisor aborted the requests `rids` now, or every request (the PD queue's stand restarts)."""
+        if rids:
+            self._requests.note_aborted(list(rids), now)
+        else:
+            self._scraper.progress.restart_pd(now)
 
     def reconfigure(self, settings: ProbeSettings) -> None:
         """New probe settings (a config reload) take effect from the next tick."""
@@ -261,6 +267,7 @@ class Monitor:
         if lines or now >= self._due["logs_quiet"]:
             self._due["logs_quiet"] = now + self.settings.metrics_period_s
             out.append(self._logs.observe(lines, now))
+        out += [r for r in [self._requests.observe(lines, now)] if r is not None]  # SGLang's request log
         tree = self._safe(self._tree, None)
         if tree is not None:
             ranks = observe_ranks(tree, self._cpu, now)

@@ -66,6 +66,13 @@ def _token_count(text: str) -> int:
     return int(Decimal(f"{whole}.{fraction or 0}") * _SI[suffix])
 
 
+def _level(text: str) -> int:
+    """`--log-requests-level`: 0 to 3, as SGLang's argparse choices."""
+    if text not in ("0", "1", "2", "3"):
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from 0, 1, 2, 3)")
+    return int(text)
+
+
 def _cuda_graph_backend(text: str) -> str:
     """A CUDA graph backend name; `tc_piecewise` was removed in 0.5.23 and is refused with SGLang's words."""
     if text == "tc_piecewise":
@@ -113,6 +120,9 @@ class SimServerArgs:
     served_model_name: str | None = None
     stream_interval: int = 1
     log_level: str = "info"
+    log_requests: bool = False
+    log_requests_level: int = 2
+    log_requests_format: str = "text"
     enable_metrics: bool = False
     decode_log_interval: int = 40
     attention_backend: str | None = None
@@ -213,6 +223,13 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("served_model_name", "Model name reported by the OpenAI-compatible API.", str),
     _Flag("stream_interval", "Tokens between two streamed chunks.", int),
     _Flag("log_level", "Logging level.", str),
+    _Flag("log_requests", "Log metadata, inputs, outputs of all requests (verbosity: --log-requests-level)."),
+    _Flag(
+        "log_requests_level",
+        "0: metadata, 1: and sampling parameters, 2: partial input/output, 3: all.",
+        _level,
+    ),
+    _Flag("log_requests_format", "Format of the request log.", str, choices=("text", "json")),
     _Flag("enable_metrics", "Expose Prometheus metrics on /metrics."),
     _Flag("decode_log_interval", "Decode batches between two decode log lines.", int),
     _Flag("attention_backend", "Attention kernel backend.", str, choices=ATTENTION_BACKENDS),

@@ -80,6 +80,12 @@ class DpEngines:
         for engine in self.engines:
             engine.abort_all()
 
+    def abort(self, rid: str) -> None:
+        """`/abort_request {"rid": …}`: the rank holding that request ends it."""
+        for engine in self.engines:
+            if engine.abort(rid):
+                return
+
     @property
     def last_receive_tstamp(self) -> float:
         """The tokenizer's heartbeat: the newest output of any rank."""

@@ -37,6 +37,7 @@ class Req:
     first_token_at: float | None = None
     pos: int = 0
     last_token_at: float = 0.0
+    stuck: str = ""  # request_stuck: "stuck" (never a token; an abort ends it), "unabortable" (nor that)
 
 
 class Engine:
@@ -155,6 +156,17 @@ class Engine:
         with self.cond:
             self._abort_users()
             self.cond.notify_all()
+
+    def abort(self, rid: str) -> bool:
+        """`/abort_request {"rid": …}`: that request ends with an abort (an `unabortable` stuck one does not)."""
+        with self.cond:
+            found = [r for r in (*self.running, *self.waiting) if r.rid == rid and r.stuck != "unabortable"]
+            self.running = [r for r in self.running if r not in found]
+            self.waiting = [r for r in self.waiting if r not in found]
+            self.cond.notify_all()
+        for req in found:
+            req.sink([], True, "abort")
+        return bool(found)
 
     def _abort_users(self) -> None:
         dropped = [r for r in (*self.running, *self.waiting) if r.kind == "user"]
@@ -349,6 +361,8 @@ class Engine:
         finished: list[Req] = []
         decode = 0
         for req in running:
+            if req.stuck:
+                continue
             token = req.tokens[req.pos]
             req.pos += 1
             decode += 1

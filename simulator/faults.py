@@ -71,6 +71,11 @@ CATALOG: dict[str, tuple[dict[str, Any], str]] = {
         {"after_requests": 3},
         "one DP rank (param dp_rank, the last by default) spins with a batch; the others serve",
     ),
+    "request_stuck": (
+        {"after_requests": 3},
+        "one request (param count) never gets a token while the rest are served; param unabortable: an abort "
+        "does not end it either",
+    ),
     "dp_rank_slow": (
         {"after_requests": 3},
         "one DP rank's steps take `factor` (50) times longer; it still moves",

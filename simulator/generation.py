@@ -24,6 +24,7 @@ from simulator.logs import log
 from simulator.openai_api import ApiError, chat_chunk, chat_completion, parse_chat_request, usage_chunk
 from simulator.parsers.chat import StreamParser, chunk_tokens, parse_complete
 from simulator.pause import PauseGate
+from simulator.reqlog import RequestLog
 
 
 class Generation:
@@ -52,6 +53,8 @@ class Generation:
         self.rng = random.Random(self.seed)
         self.served = 0
         self.streams = 0
+        self.stuck = 0  # requests the request_stuck fault has held
+        self.requests_log = RequestLog(args)
         self.gate: PauseGate | None = None  # the tokenizer's pause: new requests wait here
 
     def _too_long(self, prompt_tokens: int) -> str:
@@ -84,17 +87,34 @@ class Generation:
         return rank
 
     async def _submit(
-        self, tokens: list[str], prompt_tokens: int, finish: str, routed: int | None = None
+        self,
+        tokens: list[str],
+        prompt_tokens: int,
+        finish: str,
+        routed: int | None = None,
+        logged: tuple[str, dict[str, Any], bool] | None = None,
     ) -> asyncio.Queue[tuple[list[str], bool, str]]:
+        """Queue a request on the engine; `logged` is its (rid, sampling parameters, stream) for the request log."""
         if self.gate is not None:
             await self.gate.wait_open()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[list[str], bool, str]] = asyncio.Queue()
+        rid, sampling, stream = logged or (uuid.uuid4().hex, {}, False)
+        started = self.requests_log.received(rid, sampling, stream)
+        sent = [0]
 
         def sink(new: list[str], done: bool, reason: str) -> None:
+            sent[0] += len(new)
+            if done:
+                self.requests_log.finished(rid, sampling, stream, reason, sent[0], started)
             loop.call_soon_threadsafe(queue.put_nowait, (new, done, reason))
 
-        self.engine.submit(Req(f"{uuid.uuid4().hex}", tokens, prompt_tokens, finish, sink), routed)
+        req = Req(rid, tokens, prompt_tokens, finish, sink)
+        fault = self.faults.get("request_stuck")
+        if fault and self.faults.check("request_stuck") and self.stuck < int(fault.params.get("count", 1)):
+            self.stuck += 1  # this request never gets a token; `unabortable`: nor does an abort end it
+            req.stuck = "unabortable" if fault.params.get("unabortable") else "stuck"
+        self.engine.submit(req, routed)
         return queue
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -127,7 +147,9 @@ class Generation:
             tokens = (tokens * (max_new // len(tokens) + 1))[
                 : max(1, max_new)
             ]  # no EOS: exactly max_new_tokens
-        queue = await self._submit(tokens, max(1, len(str(prompt)) // 4), "length", routed)
+        rid = body["rid"] if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+        logged = (rid, dict(params) if isinstance(params, dict) else {}, bool(body.get("stream")))
+        queue = await self._submit(tokens, max(1, len(str(prompt)) // 4), "length", routed, logged)
         out: list[str] = []
         reason = "length"
         if body.get("stream"):
@@ -185,7 +207,9 @@ class Generation:
         if not self._admit():
             await asyncio.Event().wait()
         tokens, raw_finish = generate_chat(self.family, self.args.model_path, parsed, self.seed)
-        queue = await self._submit(tokens, prompt_tokens, raw_finish, routed)
+        sampling = {"temperature": body.get("temperature", 1.0), "max_new_tokens": body.get("max_tokens")}
+        logged = (uuid.uuid4().hex, sampling, bool(body.get("stream")))
+        queue = await self._submit(tokens, prompt_tokens, raw_finish, routed, logged)
         cid, created, model = f"{uuid.uuid4().hex}", int(time.time()), self.args.served_name
         if body.get("stream"):
             return await self._chat_stream(request, body, parsed, queue, (cid, created, model), prompt_tokens)

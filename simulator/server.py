@@ -264,14 +264,16 @@ class SimServer:
         )
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        """SGLang's `POST /abort_request {"rid", "abort_all"}`: 200; `abort_all` ends every request (those parked in
-        a PD queue too). A rid alone is taken and ignored (the simulator keeps no request ids)."""
+        """SGLang's `POST /abort_request {"rid", "abort_all"}`: 200 whatever it finds; `abort_all` ends every
+        request (those parked in a PD queue too), a `rid` that request."""
         body = await read_json(request)
         if isinstance(body, web.Response):
             return body
         if body.get("abort_all"):
             self.engine.abort_all()
             self.pd.abort_all()
+        elif isinstance(body.get("rid"), str):
+            await asyncio.to_thread(self.engine.abort, body["rid"])
         return web.Response(status=200)
 
     async def loads(self, request: web.Request) -> web.Response:

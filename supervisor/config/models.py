@@ -97,6 +97,8 @@ class ProbesConfig(_Model):
     stream_canary_first_s: float = Field(30, ge=0)
     stall_after_s: float = Field(20, gt=0)
     rank_stall_after_s: float = Field(6, gt=0)
+    stuck_request_min_s: float = Field(300, gt=0)
+    stuck_request_factor: float = Field(5, gt=1)
     metrics_period_s: float = Field(5, gt=0)
     expected_tool_parser: str = "auto"
     expected_reasoning_parser: str = "auto"

@@ -70,7 +70,7 @@ class ProbeMonitor(Protocol):
 
     def reconfigure(self, settings: ProbeSettings) -> None: ...
 
-    def restart_pd_lease(self, now: float) -> None: ...
+    def note_abort(self, now: float, rids: Sequence[str] = ()) -> None: ...
 
     def snapshot(self) -> dict[str, Any]: ...
 
@@ -154,7 +154,9 @@ class Host(Protocol):
 
     def monitor(self, spec: MonitorSpec) -> ProbeMonitor: ...
 
-    async def abort_requests(self, base_url: str, api_key: str | None, timeout_s: float) -> str: ...
+    async def abort_requests(
+        self, base_url: str, api_key: str | None, timeout_s: float, rids: Sequence[str] = ()
+    ) -> str: ...
 
 
 class RealHost:
@@ -333,8 +335,13 @@ class RealHost:
             xids_seen=spec.xids_seen,
         )
 
-    async def abort_requests(self, base_url: str, api_key: str | None, timeout_s: float) -> str:
-        """Abort every request of a running server ('' when SGLang took it, else why not)."""
+    async def abort_requests(
+        self, base_url: str, api_key: str | None, timeout_s: float, rids: Sequence[str] = ()
+    ) -> str:
+        """Abort the requests `rids` of a running server, or every request without them ('' when SGLang took
+        it, else why not)."""
+        if rids:
+            return await aborts.abort_rids(base_url, api_key, timeout_s, rids)
         return await aborts.abort_all(base_url, api_key, timeout_s)
 
 

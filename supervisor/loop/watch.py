@@ -42,31 +42,27 @@ TAIL_LINES = 300
 ABORT_TIMEOUT_S = 5.0  # SGLang answers an abort at once; the loop must beat again well within its 10 s
 
 
+# `[servers.probes]` keys that are ProbeSettings fields of the same name
+SAME_NAMED = (
+    "health_period_s", "health_timeout_s", "health_failures", "canary_period_s", "canary_timeout_s",
+    "stream_canary_concurrency", "stream_canary_period_s", "stream_canary_first_s", "stall_after_s",
+    "rank_stall_after_s", "stuck_request_min_s", "stuck_request_factor", "metrics_period_s", "canary_mode",
+    "canary_inconclusive_limit", "max_pause_s",
+)  # fmt: skip
+
+
 def probe_settings(loop: Loop) -> ProbeSettings:
     """Probe settings from the server's current config."""
-    p = loop.cfg.probes
-    expected = loop.cfg.expected_parsers()
+    p, cfg = loop.cfg.probes, loop.cfg
+    expected = cfg.expected_parsers()
     return ProbeSettings(
-        health_period_s=p.health_period_s,
-        health_timeout_s=p.health_timeout_s,
-        health_failures=p.health_failures,
-        canary_period_s=p.canary_period_s,
-        canary_timeout_s=p.canary_timeout_s,
-        stream_canary_concurrency=p.stream_canary_concurrency,
-        stream_canary_period_s=p.stream_canary_period_s,
-        stream_canary_first_s=p.stream_canary_first_s,
-        stall_after_s=p.stall_after_s,
-        dp_size=loop.cfg.dp_ranks,
-        rank_stall_after_s=p.rank_stall_after_s,
-        metrics_period_s=p.metrics_period_s,
-        startup_budget_s=loop.cfg.startup_budget_s,
-        startup_silence_s=loop.cfg.startup_silence_s,
+        **{key: getattr(p, key) for key in SAME_NAMED},
+        dp_size=cfg.dp_ranks,
+        startup_budget_s=cfg.startup_budget_s,
+        startup_silence_s=cfg.startup_silence_s,
         expected_tool_parser=expected[0] if expected else None,
         expected_reasoning_parser=expected[1] if expected else None,
-        canary_mode=p.canary_mode,
-        canary_inconclusive_limit=p.canary_inconclusive_limit,
-        max_pause_s=p.max_pause_s,
-        api_key=server_api_key(loop.cfg),
+        api_key=server_api_key(cfg),
     )
 
 
@@ -335,15 +331,15 @@ class Watch:
         self.degraded = (incident, loop.clock.monotonic())
 
     async def _abort(self, fault: Fault, decided: Next) -> None:
-        """Abort the server's requests (policies.abort): the tree keeps serving; an incident and its alert. The
-        PD queue's stand counts from now, judged on fresh readings (`policies.abort` decides the next step)."""
-        loop = self.loop
-        timeout = min(self.settings.health_timeout_s, ABORT_TIMEOUT_S)
-        failed = await loop.svc.host.abort_requests(loop.cfg.base_url, server_api_key(loop.cfg), timeout)
+        """Abort the requests the fault names, or all (policies.abort): the tree keeps serving; an incident and its
+        alert; the probes judge the abort on fresh readings (`policies.abort` decides the next step)."""
+        loop, rids = self.loop, [str(r) for r in fault.evidence.get("rids", ())]
+        timeout, key = min(self.settings.health_timeout_s, ABORT_TIMEOUT_S), server_api_key(loop.cfg)
+        failed = await loop.svc.host.abort_requests(loop.cfg.base_url, key, timeout, rids)
         self.resumed_at = now = loop.clock.monotonic()
         if self.monitor is not None:
-            self.monitor.restart_pd_lease(now)
-        loop.log.warning("requests.aborted", fault=fault.kind, reason=fault.reason, error=failed or None)
+            self.monitor.note_abort(now, rids)
+        loop.log.warning("requests.aborted", fault=fault.kind, rids=rids or "all", error=failed or None)
         why = f"{fault.reason} → {decided.plan.reason}" + (f"; the abort failed: {failed}" if failed else "")
         entry = (fault.kind, "abort failed" if failed else "abort", why, dict(fault.evidence))
         loop.svc.incidents.notice(loop.name, loop.clock.wall(), *entry, loop.owner.argv, loop.owner.rung)

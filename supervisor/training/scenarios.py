@@ -62,6 +62,7 @@ NOT_DRILLS = {
     "restart_same_port_hang": _LAUNCH,
     "health_false_negative_long_prefill": "the supervisor is expected to do nothing (busy, not broken)",
     "dp_rank_wedge": "needs a data-parallel deployment (`--dp-size 2`)",
+    "request_stuck": "needs the request log (`--log-requests --log-requests-format json`)",
     "dp_rank_slow": "needs a data-parallel deployment; the supervisor is expected to do nothing (slow, moving)",
 }
 

@@ -160,7 +160,7 @@ def real_results(real_python: Path, cases: dict[str, list[str]]) -> dict[str, An
         "cases": cases,
     }
     script = f"REQUEST = {json.dumps(json.dumps(request))}\nRESULT = {_RESULT!r}\n{_SCRIPT}"
-    stdout = run_real_script(real_python, script, timeout_s=300)
+    stdout = run_real_script(real_python, script)
     line = [ln for ln in stdout.splitlines() if ln.startswith(_RESULT)][-1]
     result: dict[str, Any] = json.loads(line[len(_RESULT) :])
     return result

@@ -208,7 +208,7 @@ def test_simulator_markup_parses_like_real_sglang(real_python: Path, tmp_path: P
     cases_path = tmp_path / "cases.json"
     cases_path.write_text(json.dumps(cases), encoding="utf-8")
     script = f"RESULT = {_RESULT!r}\nCASES_PATH = {str(cases_path)!r}\n" + _SCRIPT
-    out = run_real_script(real_python, script, timeout_s=300)
+    out = run_real_script(real_python, script)
     line = next(x for x in out.splitlines() if x.startswith(_RESULT))
     theirs = json.loads(line[len(_RESULT) :])
     mismatches = []

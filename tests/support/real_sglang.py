@@ -173,7 +173,12 @@ def real_serving_python(timeout_s: float = 2400) -> Path:
     return _cached_python(serving_venv_dir(), (SERVING_REQUIREMENTS,), SERVING_SMOKE_IMPORT, left, base)
 
 
-def run_real_script(python: Path, script: str, timeout_s: float) -> str:
+# A script importing SGLang (torch and all) alone takes 6-30 s here; beside make test's other tiers on 2 cores it took
+# over 300 s twice (a deadline, not a measure).
+SCRIPT_TIMEOUT_S = 900.0
+
+
+def run_real_script(python: Path, script: str, timeout_s: float = SCRIPT_TIMEOUT_S) -> str:
     """Run `python -c script` and return its stdout; raise RealSglangError with stderr's tail on failure."""
     try:
         done = subprocess.run(

@@ -87,6 +87,7 @@ class FakeMonitor:
         self.closed = False
         self.ready = asyncio.Event()
         self.pd_lease_restarts: list[float] = []
+        self.aborted_rids: list[str] = []
 
     async def tick(self, now: float) -> list[Observation]:
         new = self.script(now)
@@ -108,8 +109,11 @@ class FakeMonitor:
     def reconfigure(self, settings: ProbeSettings) -> None:
         self.settings = settings
 
-    def restart_pd_lease(self, now: float) -> None:
-        self.pd_lease_restarts.append(now)
+    def note_abort(self, now: float, rids: Sequence[str] = ()) -> None:
+        if rids:
+            self.aborted_rids.extend(rids)
+        else:
+            self.pd_lease_restarts.append(now)
 
     def snapshot(self) -> dict[str, Any]:
         return {"probes": {o.probe: {"ok": o.ok, "values": dict(o.values)} for o in self.observations}}
@@ -247,8 +251,10 @@ class FakeHost:
     async def learn_flags(self, command: Sequence[str], cache: Path) -> FlagSet | HelpUnavailable:
         return HelpUnavailable("fake host: flags not learned")
 
-    async def abort_requests(self, base_url: str, api_key: str | None, timeout_s: float) -> str:
-        self.aborts.append(base_url)
+    async def abort_requests(
+        self, base_url: str, api_key: str | None, timeout_s: float, rids: Sequence[str] = ()
+    ) -> str:
+        self.aborts.append(base_url + "".join(f" {rid}" for rid in rids))
         return self.abort_error
 
     def monitor(self, spec: MonitorSpec) -> FakeMonitor:

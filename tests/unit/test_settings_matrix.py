@@ -141,7 +141,13 @@ def build(tmp_path: Path, s: Setting) -> Config:
 
 # ---- the host: one per daemon, every run tagged with its server ---------------------------------------------
 def observe(
-    kind: str, tick: int, run: FakeRun, settings: ProbeSettings, router: bool, now: float
+    kind: str,
+    tick: int,
+    run: FakeRun,
+    settings: ProbeSettings,
+    router: bool,
+    now: float,
+    aborted: bool = False,
 ) -> list[Observation]:
     """What one tick of a launch shows: healthy, or — from `FAULT_TICK` on, from the start for the startup kinds —
     the fault `kind`: a tree loss through `run`, the rest through the probes that run with these settings."""
@@ -177,6 +183,11 @@ def observe(
         found.append(obs("engine", True, "paused", ready=503, ping=200, paused=True, paused_since=since))
     if striking == "pd_transfer_wedge":
         work = {"work": True, "stalled_s": 0.0, "pd_stalled_s": 60.0, "pd_queue": 3}
+    if striking == "request_stuck":  # one request far past its peers (there after its abort), the rest served
+        work["last_progress_at"] = now
+        stuck = {"rid": "r1", "age_s": 1e4, "max_new_tokens": 16, "finished_since": 50}
+        stuck["aborted_s"] = 60.0 if aborted else None
+        found.append(obs("requests", True, "stuck", oldest=[stuck], p99_e2e_s=1.0, aborts=int(aborted)))
     found.append(obs("progress", True, "progress", **work))
     if striking == "collective_hang":
         frames = {"TP0": {"collective": "broadcast"}, "TP1": {"collective": "all_reduce"}}
@@ -257,7 +268,7 @@ class MatrixHost(FakeHost):
         kind, ticks, router = (self.kind if faulty else ""), itertools.count(), spec.role == "router"
 
         def script(now: float) -> list[Observation]:
-            return observe(kind, next(ticks), run, monitor.settings, router, now)
+            return observe(kind, next(ticks), run, monitor.settings, router, now, bool(monitor.aborted_rids))
 
         monitor = WindowedMonitor(spec, script)
         self.monitors.append(monitor)
