@@ -27,6 +27,8 @@ Order of precedence (the first rule that holds decides; later rules only add not
                   token progress for `stall_after_s`, or SGLang's own watchdog line.
 7a. `request_stuck` — one request in flight far past its peers and its `max_tokens` while the server serves the
                   rest (SGLang's request log, `policies.stuck`): its id is aborted, the server kept.
+7b. `brownout` — a queue only growing for `brownout_after_s`, running requests pinned, throughput under
+                  `brownout_fraction` of the server's own baseline (`policies.brownout`): alert first.
 8. `parser_misconfig` — a definitive canary failure (leak signature, structural failure, stream/non-stream
                   disagreement) or `/server_info` naming another parser than expected.
 9. `health_unresponsive` — /health 503 or timing out for `unresponsive_after_s` (at least `health_failures` in a
@@ -45,6 +47,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from policies.brownout import brownout
 from policies.canary_faults import parser_fault, stream_leak_fault
 from policies.dp import dp_rank_wedge
 from policies.frozen import frozen_unresponsive, waiting_on_frozen
@@ -335,6 +338,10 @@ def _request_stuck(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
     return stuck_request(w, ctx.settings)
 
 
+def _brownout(w: Window, ctx: DiagnoseContext, now: float) -> Fault | None:
+    return brownout(w, ctx.settings)
+
+
 _RULES = (
     _gpu_fault,
     _oom,
@@ -348,6 +355,7 @@ _RULES = (
     _decode_wedge,
     _decode_wedge_logged,
     _request_stuck,
+    _brownout,
     lambda w, ctx, now: parser_fault(w),
     _unresponsive,
     _startup_stalled,
@@ -355,7 +363,7 @@ _RULES = (
 )
 # the rules a deliberate engine pause explains: they read the progress lease, the rank stacks and /health
 LEASE_RULES = frozenset(
-    {_collective_hang, _dp_rank_wedge, _pd_wedge, _decode_wedge, _request_stuck, _unresponsive}
+    {_collective_hang, _dp_rank_wedge, _pd_wedge, _decode_wedge, _request_stuck, _brownout, _unresponsive}
 )
 
 

@@ -109,6 +109,19 @@ class RequestsValues(TypedDict, total=False):
     aborts: int  # requests the supervisor aborted in this launch
 
 
+class LoadValues(TypedDict, total=False):
+    """`load`: the load trend from the scrapes (probes/load.py)."""
+
+    queue: float  # waiting requests, newest scrape
+    running: float
+    span_s: float  # the scrapes of the last window (`brownout_after_s`) cover this long
+    pinned: bool  # the running count stayed the same over it
+    queue_grew: float  # by how many requests over it
+    queue_dip: float  # the deepest the queue fell below the highest it had been within it
+    tokens_per_s: float | None  # decode throughput over it
+    baseline_tokens_per_s: float | None  # the server's own highest recent throughput with requests running
+
+
 class DpRankValues(TypedDict, total=False):
     """One DP rank in a `dp` observation."""
 
@@ -245,6 +258,11 @@ def requests_values(obs: Observation) -> RequestsValues:
     return cast(RequestsValues, obs.values)
 
 
+def load_values(obs: Observation) -> LoadValues:
+    """The values of a `load` observation."""
+    return cast(LoadValues, obs.values)
+
+
 def dp_values(obs: Observation) -> DpValues:
     """The values of a `dp` observation."""
     return cast(DpValues, obs.values)
@@ -311,14 +329,12 @@ class ProbeSettings:
     stream_canary_period_s: float = 1800.0
     stream_canary_first_s: float = 30.0  # the first load canary, this long after the first canary passed
     stall_after_s: float = 20.0
-    dp_size: int = (
-        1  # the server's `--dp-size`: above 1, each DP rank's snapshot is read and judged on its own
-    )
+    dp_size: int = 1  # the server's DP ranks: above 1, each rank's snapshot is read and judged on its own
     rank_stall_after_s: float = 6.0  # a DP rank whose loop stood this long while a peer's turned is wedged
     stuck_request_min_s: float = 300.0  # a request in flight no shorter than this can be stuck (request log)
-    stuck_request_factor: float = (
-        5.0  # … and this many times its peers' p99 latency and what max_tokens allows
-    )
+    stuck_request_factor: float = 5.0  # … and this many times its peers' p99 latency and max_tokens' time
+    brownout_after_s: float = 120.0  # a queue only growing this long, running pinned, throughput far down …
+    brownout_fraction: float = 0.3  # … under this fraction of the server's own recent baseline: a brownout
     metrics_period_s: float = 5.0
     metrics_max_bytes: int = 4 * 1024 * 1024
     stacks_budget_s: float = 10.0
@@ -351,4 +367,4 @@ def routine_reading(obs: Observation) -> bool:
         return obs.ok
     if obs.probe == "gpu":
         return obs.ok and not gpu_values(obs).get("xids")
-    return obs.probe == "requests" or (obs.probe == "logs" and not logs_values(obs).get("hits"))
+    return obs.probe in ("requests", "load") or (obs.probe == "logs" and not logs_values(obs).get("hits"))

@@ -92,6 +92,7 @@ def plan_recovery(
     ladders: Mapping[str, Ladder],
     restart: RestartDecision,
     parser_policy: str = "fix",
+    brownout_policy: str = "alert",
 ) -> Plan:
     """Decide the recovery of a fault of `kind`, given the incidents before it and the active levels."""
     if kind == FaultKind.GPU_FAULT:
@@ -107,6 +108,12 @@ def plan_recovery(
             "alert",
             "paused by its client on purpose: alert, do not restart (a restart loses what the client pushed); "
             "degraded until /continue_generation",
+            levels=levels,
+        )
+    if kind == FaultKind.BROWNOUT and brownout_policy == "alert":
+        return Plan(
+            "alert",
+            "slow, not broken: alert, do not restart (brownout_policy = alert); degraded until it clears",
             levels=levels,
         )
     if kind == FaultKind.PARSER_MISCONFIG:

@@ -44,6 +44,7 @@ class FaultKind(StrEnum):
     HEALTH_UNRESPONSIVE = "health_unresponsive"
     PAUSE_OVERRUN = "pause_overrun"
     REQUEST_STUCK = "request_stuck"
+    BROWNOUT = "brownout"
 
 
 _S = ServerState

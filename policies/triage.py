@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from policies import argv as argv_reader
 from policies.abort import abort_first
 from policies.backoff import RestartParams, decide_restart, is_stable
+from policies.brownout import in_brownout
 from policies.diagnose import DiagnoseContext, diagnose
 from policies.ladders import Ladder, PastIncident, ladder_key
 from policies.model import (
@@ -264,6 +265,9 @@ def triage(window: Sequence[Observation], tree: TreeFacts, facts: ServerFacts, n
     engine = _latest(window, "engine")
     if engine is not None and not engine_values(engine).get("paused"):
         cleared.add(FaultKind.PAUSE_OVERRUN.value)
+    load = _latest(window, "load")
+    if load is not None and not in_brownout(load, facts.settings):
+        cleared.add(FaultKind.BROWNOUT.value)
     unproven = _still_unproven(window, facts, proven)
     return Triage(fault=fault, proven=proven, unproven=unproven, cleared=frozenset(cleared))
 
@@ -289,6 +293,7 @@ class PlanFacts:
     ladders: Mapping[str, Ladder]
     parser_policy: str
     canary_mode: str = "require"
+    brownout_policy: str = "alert"
 
 
 @dataclass(frozen=True)
@@ -345,7 +350,14 @@ def plan(fault: Fault, facts: PlanFacts, now: float) -> Recovery:
         alert = Plan("alert", "alert only: canary_mode is advisory", levels=facts.levels, page=False)
         return Recovery(alert, streak_over)
     chosen = plan_recovery(
-        kind.value, key, facts.history, facts.levels, facts.ladders, restart, facts.parser_policy
+        kind.value,
+        key,
+        facts.history,
+        facts.levels,
+        facts.ladders,
+        restart,
+        facts.parser_policy,
+        facts.brownout_policy,
     )
     return Recovery(chosen, streak_over)
 

@@ -1,5 +1,5 @@
-"""One scrape of a server: `/metrics` folded into the progress lease, and beside it what SGLang says on other
-endpoints — its engine paused by its client (`/ready`, `/ping`: probes/engine.py) and each DP rank's snapshot
+"""One scrape of a server: `/metrics` folded into the progress lease and the load trend (probes/load.py), and
+beside it what SGLang says on other endpoints — its engine paused by its client (`/ready`, `/ping`: probes/engine.py) and each DP rank's snapshot
 (`/v1/loads`, read for a PD worker, whose live queues it holds, and for a data-parallel server: probes/loads.py).
 
 A router has no engine: only its `/metrics` is read.
@@ -14,6 +14,7 @@ import aiohttp
 
 from policies.model import Observation, ProbeSettings, engine_values
 from probes.engine import EngineTracker, ready_and_ping
+from probes.load import LoadTrend
 from probes.loads import PdLoads, RankLoad, dp_observation, pd_summary, read_loads
 from probes.progress import ProgressTracker, Sample, scrape_metrics
 
@@ -28,11 +29,13 @@ class Scraper:
         self.role = role
         self.progress = ProgressTracker(role)
         self.engine = EngineTracker()
+        self.load = LoadTrend()
 
     def reset(self, now: float) -> None:
-        """A new launch: the lease counts from `now`, no pause known."""
+        """A new launch: the lease counts from `now`, no pause known, no load baseline."""
         self.progress.reset(now)
         self.engine.reset()
+        self.load.reset()
 
     async def run(
         self,
@@ -57,7 +60,7 @@ class Scraper:
         )
         now = time.monotonic()
         engine = self.engine.update(samples, ready, ping, now, now - start)
-        side = [engine]
+        side = [engine, *[o for o in [self.load.update(samples, now, s.brownout_after_s)] if o is not None]]
         if s.dp_size > 1:
             side.append(dp_observation(ranks, now, now - start))
         paused = bool(engine_values(engine).get("paused"))

@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 
 from simulator.faults import FaultBook
 from simulator.logs import log, rank_prefix
+from simulator.modes import choose_mode
 from simulator.sim_metrics import SimMetrics
 from simulator.watchdog import watchdog_loop
 
@@ -97,6 +98,7 @@ class Engine:
         self.health_busy_path = False
         self.long_prefill_until = 0.0
         self.paused = ""  # SGLang's /pause_generation mode while paused: abort | retract | in_place
+        self.capacity: int | None = None  # brownout: the batch size it is pinned at (None: admit everything)
         self._told = False  # the ranks were told the scheduler is paused (retract, in_place)
         self._steps = itertools.count(1)
         self._thread = threading.Thread(target=self._loop, name="scheduler-client", daemon=True)
@@ -222,15 +224,21 @@ class Engine:
                     return
                 tell = self._scheduler_paused()
                 if tell == self._told:
-                    new = self.waiting
-                    self.waiting = []
-                    self.running.extend(new)
+                    new = self._admit()
                     running = list(self.running)
             if tell != self._told:  # the ranks' paused loop begins or ends (told from this thread only)
                 self._told = tell
                 self._send_all({"op": "pause" if tell else "continue"})
                 continue
             self._step(new, running)
+
+    def _admit(self) -> list[Req]:
+        """Under the lock: move the waiting requests into the batch — all, or in a brownout only as many as keep
+        the batch at its size when the brownout began (the running count pinned, the queue growing)."""
+        room = len(self.waiting) if self.capacity is None else max(0, self.capacity - len(self.running))
+        new, self.waiting = self.waiting[:room], self.waiting[room:]
+        self.running.extend(new)
+        return new
 
     def _nothing_to_do(self) -> bool:
         """Under the lock: no step to run and nothing to tell the ranks."""
@@ -245,72 +253,18 @@ class Engine:
         except (OSError, ValueError):
             self.dead = True
 
-    def _choose_mode(self, running: list[Req]) -> tuple[str, float]:
-        """The fault (if any) this step runs into, and the step duration."""
-        concurrency = len([r for r in running if r.kind == "user"])
-        longest = max((len(r.tokens) for r in running), default=0)
-        prompt = max((r.prompt_tokens for r in running if r.kind == "user"), default=0)
-        user = concurrency > 0
-        f = self.faults
-        if user and self.tp_size >= 2 and self.overlap and f.check("overlap_tp_desync_hang"):
-            return "desync:overlap_tp_desync_hang", self.step_s
-        if user and self.tp_size >= 2 and f.check("watchdog_disabled_silent_wedge"):
-            return "desync:watchdog_disabled_silent_wedge", self.step_s
-        if user and self._mine("dp_rank_wedge") and f.check("dp_rank_wedge"):
-            return "spin:dp_rank_wedge", self.step_s
-        if user and self._mine("dp_rank_slow") and f.check("dp_rank_slow"):
-            fault = f.get("dp_rank_slow")
-            return "", self.step_s * float(fault.params.get("factor", 50) if fault else 50)
-        if user and f.check("custom_allreduce_spin_sigterm_immune"):
-            return "spin:custom_allreduce_spin_sigterm_immune", self.step_s
-        if user and self.speculative and f.check("spec_decode_kernel_spin", max_tokens=longest):
-            return "spin:spec_decode_kernel_spin", self.step_s
-        if user and f.check("dev_shm_crashloop"):
-            return "oom", self.step_s
-        if user and f.check("runtime_cuda_oom_crash", concurrency=concurrency, prompt_tokens=prompt):
-            return "oom", self.step_s
-        if user and self.overlap and f.check("illegal_memory_access", concurrency=concurrency):
-            return ("ima" if self._ima_due() else ""), self.step_s
-        if user and f.check("zombie_after_cpp_abort"):
-            return "abort", self.step_s
-        if user and f.check("health_false_negative_long_prefill", prompt_tokens=prompt):
-            fault = f.get("health_false_negative_long_prefill")
-            duration = float(fault.params.get("duration_s", 60)) if fault else 60.0
-            if self.long_prefill_until == 0.0:
-                self.long_prefill_until = time.monotonic() + duration
-            if time.monotonic() < self.long_prefill_until:
-                return "", float(fault.params.get("chunk_s", 25)) if fault else 25.0
-        return "", self.step_s
-
-    def _mine(self, name: str) -> bool:
-        """A fault of one DP rank (param `dp_rank`, the last rank by default) is this engine's; with DP attention a
-        rank's fault, once fired, holds every rank at its next step."""
-        fault = self.faults.get(name)
-        if fault is None or self.dp_rank is None:
-            return False
-        if self.dp_attention and fault.fired_at is not None:
-            return True
-        return int(fault.params.get("dp_rank", self.dp_size - 1)) == self.dp_rank
-
-    def _ima_due(self) -> bool:
-        """The rank aborts `crash_after_s` after the fault fired (0: at once); until then the GPU's Xid is on record
-        while the ranks still run, as when a card falls off the bus and the next CUDA call fails."""
-        fault = self.faults.fired("illegal_memory_access")
-        if fault is None or fault.fired_at is None:
-            return True
-        return time.time() >= fault.fired_at + float(fault.params.get("crash_after_s", 0))
-
     def _step(self, new: list[Req], running: list[Req]) -> None:
-        mode, step_s = self._choose_mode(running)
+        mode, step_s = choose_mode(self, running)
         step = next(self._steps)
         chunked = step_s > self.step_s  # a long prompt: every step is one prefill chunk
         if new or chunked:
             tokens = 8192 if chunked else sum(r.prompt_tokens for r in new)
-            self.metrics.prefill(len(new), tokens, len(running), self.parked)
+            queued = len([r for r in list(self.waiting) if r.kind == "user"])
+            self.metrics.prefill(len(new), tokens, len(running), self.parked, queued)
             if chunked or any(r.kind != "health" for r in new):
                 log(
                     f"Prefill batch, #new-seq: {len(new)}, #new-token: {tokens}, #cached-token: 0, token usage: "
-                    f"{self.metrics.token_usage:.2f}, #running-req: {len(running) - len(new)}, #queue-req: 0, "
+                    f"{self.metrics.token_usage:.2f}, #running-req: {len(running) - len(new)}, #queue-req: {queued}, "
                     f"#pending-token: 0, cuda graph: False, input throughput (token/s): {tokens / max(step_s, 1e-3):.2f}",
                     self.prefix,
                 )
@@ -385,7 +339,9 @@ class Engine:
             self.running = [r for r in self.running if r not in finished]
             running_now = len(self.running)
         if self.forward_ct % self.decode_log_interval == 0 and running_now:
-            self.metrics.log_stats(running_now, 0, self.parked)
+            self.metrics.log_stats(
+                running_now, len([r for r in self.waiting if r.kind == "user"]), self.parked
+            )
             log(
                 f"Decode batch, #running-req: {running_now}, #token: {running_now * 64}, token usage: "
                 f"{self.metrics.token_usage:.2f}, cuda graph: True, gen throughput (token/s): "

@@ -76,6 +76,10 @@ CATALOG: dict[str, tuple[dict[str, Any], str]] = {
         "one request (param count) never gets a token while the rest are served; param unabortable: an abort "
         "does not end it either",
     ),
+    "brownout": (
+        {"after_requests": 40},
+        "every step `factor` (20) times slower, the batch pinned at `batch` (2) requests: the queue only grows",
+    ),
     "dp_rank_slow": (
         {"after_requests": 3},
         "one DP rank's steps take `factor` (50) times longer; it still moves",

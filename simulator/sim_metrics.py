@@ -196,13 +196,13 @@ class SimMetrics:
         if self.engine_type == "prefill":
             self.gauges["num_prefill_inflight_queue_reqs"] = parked
 
-    def prefill(self, new: int, tokens: int, running: int, parked: int) -> None:
-        """A prefill batch ran: stats are logged, gauges refresh."""
+    def prefill(self, new: int, tokens: int, running: int, parked: int, queue: int = 0) -> None:
+        """A prefill batch ran: stats are logged, gauges refresh (`queue`: the requests still waiting)."""
         with self._lock:
             self.counters[("realtime_tokens_total", 'mode="prefill_compute"')] += tokens
             mode = "prefill_cuda_graph" if self.cuda_graph else "prefill_none"
             self.counters[("cuda_graph_passes_total", f'mode="{mode}"')] += 1
-            self._set_batch_gauges(running, 0, parked)
+            self._set_batch_gauges(running, queue, parked)
             self.stats_logged |= self.engine_type != "decode"  # a decode's "prefill" is its KV arriving
             del new
 

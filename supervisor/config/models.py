@@ -99,6 +99,8 @@ class ProbesConfig(_Model):
     rank_stall_after_s: float = Field(6, gt=0)
     stuck_request_min_s: float = Field(300, gt=0)
     stuck_request_factor: float = Field(5, gt=1)
+    brownout_after_s: float = Field(120, gt=0)
+    brownout_fraction: float = Field(0.3, gt=0, lt=1)
     metrics_period_s: float = Field(5, gt=0)
     expected_tool_parser: str = "auto"
     expected_reasoning_parser: str = "auto"
@@ -111,6 +113,7 @@ class PolicyConfig(_Model):
     """`[servers.policy]`: what to do about parser faults, and ladder overrides."""
 
     parser_policy: Literal["fix", "alert"] = "fix"
+    brownout_policy: Literal["alert", "restart"] = "alert"
     ladders: dict[str, tuple[tuple[str, ...], ...]] = {}
     promote_back: bool = False
     promote_after_s: float = Field(86400, gt=0)

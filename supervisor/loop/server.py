@@ -1,5 +1,4 @@
-"""One supervised server: the control loop (observe → triage → decide → act) that composes the watch, the
-recovery and the group steps.
+"""One supervised server: the control loop (observe → triage → decide → act) composing watch, recovery, group.
 
 The server's state (lifecycle state, run, incident, rungs, restarts) belongs to its `ServerOwner`; this loop
 holds only the loop's own mechanics (commands, the beat, the target's flags). Watching a launch is
@@ -163,7 +162,7 @@ class ServerLoop:
 
     def plan_facts(self) -> PlanFacts:
         """What the policies need of this server to plan a recovery."""
-        owner = self.owner
+        owner, policy = self.owner, self.cfg.policy
         return PlanFacts(
             role=self.cfg.role.value,
             args=owner.argv[len(self.cfg.command) :],
@@ -174,8 +173,9 @@ class ServerLoop:
             history=tuple(PastIncident(k, r) for k, r in owner.history),
             levels=owner.levels,
             ladders=self.ladders,
-            parser_policy=self.cfg.policy.parser_policy,
+            parser_policy=policy.parser_policy,
             canary_mode=self.cfg.probes.canary_mode,
+            brownout_policy=policy.brownout_policy,
         )
 
     def _plan(self, fault: Fault) -> Plan:

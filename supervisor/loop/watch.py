@@ -46,8 +46,8 @@ ABORT_TIMEOUT_S = 5.0  # SGLang answers an abort at once; the loop must beat aga
 SAME_NAMED = (
     "health_period_s", "health_timeout_s", "health_failures", "canary_period_s", "canary_timeout_s",
     "stream_canary_concurrency", "stream_canary_period_s", "stream_canary_first_s", "stall_after_s",
-    "rank_stall_after_s", "stuck_request_min_s", "stuck_request_factor", "metrics_period_s", "canary_mode",
-    "canary_inconclusive_limit", "max_pause_s",
+    "rank_stall_after_s", "stuck_request_min_s", "stuck_request_factor", "brownout_after_s", "brownout_fraction",
+    "metrics_period_s", "canary_mode", "canary_inconclusive_limit", "max_pause_s",
 )  # fmt: skip
 
 

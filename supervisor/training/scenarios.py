@@ -63,6 +63,7 @@ NOT_DRILLS = {
     "health_false_negative_long_prefill": "the supervisor is expected to do nothing (busy, not broken)",
     "dp_rank_wedge": "needs a data-parallel deployment (`--dp-size 2`)",
     "request_stuck": "needs the request log (`--log-requests --log-requests-format json`)",
+    "brownout": "needs a steady client for a baseline first; the supervisor is expected to alert, not restart",
     "dp_rank_slow": "needs a data-parallel deployment; the supervisor is expected to do nothing (slow, moving)",
 }
 

@@ -14,7 +14,7 @@ def test_enums_match_the_contract() -> None:
     states = "stopped starting serving degraded recovering backoff failed paused stopping"
     faults = (
         "crash startup_failure startup_stalled decode_wedge collective_hang pd_transfer_wedge "
-        "parser_misconfig stream_leak oom gpu_fault health_unresponsive pause_overrun request_stuck"
+        "parser_misconfig stream_leak oom gpu_fault health_unresponsive pause_overrun request_stuck brownout"
     )
     assert [s.value for s in ServerState] == states.split()
     assert [f.value for f in FaultKind] == faults.split()

@@ -188,6 +188,11 @@ def observe(
         stuck = {"rid": "r1", "age_s": 1e4, "max_new_tokens": 16, "finished_since": 50}
         stuck["aborted_s"] = 60.0 if aborted else None
         found.append(obs("requests", True, "stuck", oldest=[stuck], p99_e2e_s=1.0, aborts=int(aborted)))
+    if striking == "brownout":  # the queue only growing, the batch pinned, throughput a tenth of its baseline
+        load = {"span_s": 200.0, "pinned": True, "queue": 40.0, "queue_grew": 30.0, "queue_dip": 0.0}
+        found.append(
+            obs("load", True, "brownout", running=2.0, tokens_per_s=5.0, baseline_tokens_per_s=50.0, **load)
+        )
     found.append(obs("progress", True, "progress", **work))
     if striking == "collective_hang":
         frames = {"TP0": {"collective": "broadcast"}, "TP1": {"collective": "all_reduce"}}
@@ -293,7 +298,7 @@ def visible(s: Setting, kind: str) -> bool:
 
 def alert_only(s: Setting, kind: str) -> bool:
     """Whether the plan for the fault is to alert and keep serving (degraded)."""
-    if kind in ("stream_leak", "pause_overrun"):
+    if kind in ("stream_leak", "pause_overrun", "brownout"):  # brownout_policy: alert by default
         return True
     policy_alert = s.policy.get("parser_policy") == "alert"
     family_unknown = s.model.startswith("/models/")  # no expected parsers: nothing to relaunch with
