@@ -44,7 +44,10 @@ def test_restart_on_failure_restarts_a_container_whose_daemon_keeps_failing(
             assert failed and failed[0]["url"] == f"http://127.0.0.1:{port}", failed[:1]
             exits = box.events("init.exit")
             assert exits and {e["status"] for e in exits} == {69}, exits
-            assert len(box.events("init.daemon_started")) == len(exits) and not box.events("init.start_limit")
+            starts = box.events(
+                "init.daemon_started"
+            )  # one per container start (the latest may not have ended)
+            assert len(starts) - len(exits) in (0, 1) and not box.events("init.start_limit"), (starts, exits)
         finally:
             box("rm", "-f", check=False)
 
