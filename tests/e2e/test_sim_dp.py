@@ -106,3 +106,36 @@ def test_with_dp_attention_the_dp_ranks_split_the_tp_group(tmp_path: Path) -> No
         assert schedulers == ["sglang::scheduler_DP0_TP0", "sglang::scheduler_DP1_TP1"]
         assert "sglang::data_parallel_controller" in sim.tree()
         assert [e["dp_rank"] for e in sim.get("/v1/loads").json()["loads"]] == [0, 1]
+
+
+def test_with_dp_attention_one_stuck_rank_holds_every_rank(tmp_path: Path) -> None:
+    """`dp_rank_wedge` under DP attention: the ranks share the MoE collectives, so once DP rank 1 is stuck DP rank 0
+    stops at its next step too — both snapshots stand still and none lags the other (a whole-server wedge)."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text('[[fault]]\nname = "dp_rank_wedge"\nafter_requests = 1\n')
+    env = {"SGLANG_SIM_SCENARIO": str(scenario), "SGLANG_SIM_STEP_S": "0.05"}
+    with launched_sim(tmp_path, "--tp-size", "2", "--enable-dp-attention", *DP2, env=env) as sim:
+        for rank in (1, 0):
+            long = {"text": "hi", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+            threading.Thread(
+                target=post_quietly, args=(sim, {**long, "routed_dp_rank": rank}), daemon=True
+            ).start()
+        before = wait_for(lambda: both_stand(sim), 30, "both ranks standing")
+        assert abs(before[0] - before[1]) < 2.0, before
+
+
+def both_stand(sim: Sim) -> dict[int, float] | None:
+    """Each rank's snapshot time once neither has moved for 2 s."""
+    first = stamps(sim)
+    time.sleep(2.0)  # the reading's own window: a live rank writes its snapshot every 0.2 s
+    return first if stamps(sim) == first else None
+
+
+def test_a_killed_dp_rank_ends_the_server(tmp_path: Path) -> None:
+    """SIGKILL of DP rank 1's scheduler: the DP controller sees it and takes the whole server down (SGLang cannot
+    run with a rank missing; its crash path then waits for CUDA core dumps), as the supervisor's crash rule
+    expects — the lost rank is what it acts on, long before that."""
+    with launched_sim(tmp_path, *DP2) as sim:
+        os.kill(sim.tree()["sglang::scheduler_DP1"].pid, signal.SIGKILL)
+        sim.wait_log("DataParallelController hit an exception: scheduler exited with code -9")
+        sim.wait_log("SIGQUIT received")
