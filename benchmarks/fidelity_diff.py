@@ -8,11 +8,12 @@ the token counter, the memory release and resume, `/continue_generation`); then,
 scheduler does (main exit code and its teardown lines), and on tp >= 2, what SIGSTOP of `scheduler_TP1` with a
 request in flight does (`/health` code and time, running gauge, token counter). Section `pd` runs the real prefill
 and decode over Mooncake/TCP against the simulated pair (`benchmarks/fidelity_pd.py` says what it records), section
-`dp2` one server at `--dp-size 2` (`benchmarks/fidelity_dp.py`).
+`dp2` one server at `--dp-size 2` (`benchmarks/fidelity_dp.py`), section `reqlog` SGLang's JSON request log
+(`benchmarks/fidelity_reqlog.py`).
 It prints the differences (and writes the profiles to `benchmarks/results/fidelity.json`). Figures, no verdict:
 a difference is either a simulator bug to fix or a deliberate difference written down in benchmarks/README.md.
 
-    .venv/bin/python -m benchmarks.fidelity_diff [--sections tp1 tp2 pd dp2] [--sim-only]
+    .venv/bin/python -m benchmarks.fidelity_diff [--sections tp1 tp2 pd dp2 reqlog] [--sim-only]
 
 Needs the serving venvs and the models (built by the real-serving and real-PD tiers: `make test`). Everything
 listens on 127.0.0.1 and every process is killed at the end.
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import fidelity_dp, fidelity_pd
+from benchmarks import fidelity_dp, fidelity_pd, fidelity_reqlog
 from benchmarks.common import RESULTS
 from benchmarks.fidelity_target import STAMP, Target, gauge, http_call, metric_shapes, normalise
 from tests.real_serving.support import SCRIPTED, tiny_models
@@ -38,7 +39,12 @@ from tests.support.ports import free_port
 from tests.support.real_sglang import real_serving_python
 
 HANG_WATCH_S = 25.0
-SECTIONS = ("tp1", "tp2", "pd", "dp2")
+SECTIONS = ("tp1", "tp2", "pd", "dp2", "reqlog")
+SEPARATE = {
+    "pd": fidelity_pd,
+    "dp2": fidelity_dp,
+    "reqlog": fidelity_reqlog,
+}  # sections with a module of their own
 ENDPOINTS: tuple[tuple[str, str, dict[str, Any] | None], ...] = (
     ("GET", "/health", None),
     ("GET", "/health_generate", None),
@@ -181,8 +187,8 @@ def run(sections: list[str], sim_only: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sglsup-fidelity-") as tmp:
         work = Path(tmp)
         for section in sections:
-            if section in ("pd", "dp2"):
-                out[section] = (fidelity_pd if section == "pd" else fidelity_dp).profiles(sim_only, work)
+            if section in SEPARATE:
+                out[section] = SEPARATE[section].profiles(sim_only, work)
                 continue
             tp = int(section.removeprefix("tp"))
             sim_env = {

@@ -227,8 +227,8 @@ class Monitor:
     def _after(self, kind: str, obs: Observation, now: float) -> Observation:
         """Follow-ups of a finished probe: canary retries and the 2-of-3 soft verdict, the first canary."""
         s = self.settings
-        if kind == "health" and obs.ok:
-            self._healthy_seen = True
+        if kind == "health" and obs.ok and not self._healthy_seen:  # the startup cadence ends here
+            self._healthy_seen, self._due["health"] = True, now + s.health_period_s
         if kind == "health" and obs.ok and "canary_tool" not in self._armed and s.canaries_on:
             self._armed.add("canary_tool")
             self._due["canary_tool"] = now

@@ -66,13 +66,6 @@ def _token_count(text: str) -> int:
     return int(Decimal(f"{whole}.{fraction or 0}") * _SI[suffix])
 
 
-def _level(text: str) -> int:
-    """`--log-requests-level`: 0 to 3, as SGLang's argparse choices."""
-    if text not in ("0", "1", "2", "3"):
-        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from 0, 1, 2, 3)")
-    return int(text)
-
-
 def _cuda_graph_backend(text: str) -> str:
     """A CUDA graph backend name; `tc_piecewise` was removed in 0.5.23 and is refused with SGLang's words."""
     if text == "tc_piecewise":
@@ -179,7 +172,7 @@ class _Flag(NamedTuple):
     help: str
     type: Callable[[str], Any] | None = None  # None: a boolean switch
     aliases: tuple[str, ...] = ()
-    choices: tuple[str, ...] | None = None
+    choices: tuple[str, ...] | tuple[int, ...] | None = None
 
 
 _FLAGS: tuple[_Flag, ...] = (
@@ -227,7 +220,8 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag(
         "log_requests_level",
         "0: metadata, 1: and sampling parameters, 2: partial input/output, 3: all.",
-        _level,
+        int,
+        choices=(0, 1, 2, 3),
     ),
     _Flag("log_requests_format", "Format of the request log.", str, choices=("text", "json")),
     _Flag("enable_metrics", "Expose Prometheus metrics on /metrics."),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -321,8 +322,8 @@ def test_f17_abort_storm_crashes_the_tokenizer(tmp_path: Path) -> None:
                 json.dumps({**CHAT, "stream": True}).encode(),
                 {"Content-Type": "application/json"},
             )
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                resp.read(64)
+            with contextlib.suppress(OSError), urllib.request.urlopen(req, timeout=10) as resp:
+                resp.read(64)  # a client that comes after the crash is refused: the storm did its work
 
         list(pool.map(lambda _: drop(), range(8)))
         sim.wait_log("TokenizerManager hit an exception")

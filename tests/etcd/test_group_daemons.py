@@ -53,12 +53,16 @@ def pair(
 
 def kill_rank(dep: GroupDeployment, title: str) -> None:
     """SIGKILL the scheduler of `dep`'s tree titled `title`."""
+    os.kill(rank_pid(dep, title), signal.SIGKILL)
+
+
+def rank_pid(dep: GroupDeployment, title: str) -> int:
+    """The PID of the scheduler of `dep`'s tree titled `title`."""
     main = dep.server()["pid"]
     for proc in psutil.Process(main).children(recursive=True):
         with contextlib.suppress(psutil.Error):
             if " ".join(proc.cmdline()).startswith(title):
-                os.kill(proc.pid, signal.SIGKILL)
-                return
+                return int(proc.pid)
     raise AssertionError(f"no {title} under pid {main}")
 
 
@@ -90,8 +94,11 @@ def test_both_daemons_detecting_at_once_still_bump_once(
     n0, n1 = pair
     n0.wait(lambda s: bool(n0.group()["group_up"]), READY_S, "node 0 seeing both nodes up")
     before = (n0.server()["pid"], n1.server()["pid"])
-    kill_rank(n0, "sglang::scheduler_TP7")
-    kill_rank(n1, "sglang::scheduler_TP15")
+    pids = (rank_pid(n0, "sglang::scheduler_TP7"), rank_pid(n1, "sglang::scheduler_TP15"))
+    for (
+        pid
+    ) in pids:  # found first, then killed back to back: a group stop after the first cannot come between
+        os.kill(pid, signal.SIGKILL)
     for n in (n0, n1):
         n.wait(
             lambda s: s["state"] == "serving" and s["pid"] not in before,

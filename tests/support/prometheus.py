@@ -100,7 +100,7 @@ def scrape_config(
     return config
 
 
-def _get(url: str, timeout: float = 10.0) -> Any:
+def _get(url: str, timeout: float = 60.0) -> Any:  # a range query on a starved 2-core machine took over 10 s
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return json.loads(resp.read())
 
