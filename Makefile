@@ -27,11 +27,14 @@ typecheck: $(STAMP)
 # The e2e tier mostly waits on servers, so eight workers fit two cores (tests/conftest.py orders them, slowest
 # first). Work stealing matters: xdist's default `load` hands each worker a fixed slice of the first quarter of the
 # tests up front, which put the slow tiers in six queues and left two workers idle after 20 s (7 min 40 s against
-# 4 min 55 s, measured). The systemd, monitoring, container and real-PD tiers each share one booted container,
-# one Prometheus, one dockerd (and the images it built) or one real prefill/decode pair across their tests, which
-# run in order, so each is one pytest process of its own beside the workers (its output follows theirs, from .venv/tier-*.log). The real-serving tier
-# then runs alone, one real SGLang server at a time.
-SERIAL_TIERS := systemd monitoring container real_pd
+# 4 min 55 s, measured). The systemd, monitoring and real-PD tiers each share one booted container, one Prometheus
+# or one real prefill/decode pair across their tests, which run in order, so each is one pytest process of its own
+# beside the workers (its output follows theirs, from .venv/tier-*.log). The real-serving tier then runs one real
+# SGLang server at a time, and beside it the container tier (one dockerd and the images it built, its tests in
+# order): beside the workers its image builds and containers starved them (four load-timed failures in one run),
+# while the real-serving tier mostly waits on its one server.
+SERIAL_TIERS := systemd monitoring real_pd
+LATE_TIER := container
 
 test: lint typecheck
 	@rc=0; pids=""; slice=9; \
@@ -40,11 +43,14 @@ test: lint typecheck
 	  pids="$$pids $$!"; slice=$$((slice + 1)); \
 	done; \
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal --ignore=tests/real_serving \
-	  $(foreach tier,$(SERIAL_TIERS),--ignore=tests/$(tier)) $(PYTEST_ARGS) || rc=1; \
+	  --ignore=tests/$(LATE_TIER) $(foreach tier,$(SERIAL_TIERS),--ignore=tests/$(tier)) $(PYTEST_ARGS) || rc=1; \
 	for pid in $$pids; do wait $$pid || rc=1; done; \
 	for tier in $(SERIAL_TIERS); do echo "== tests/$$tier"; cat $(VENV)/tier-$$tier.log; done; \
 	exit $$rc
-	$(BIN)/python -m pytest tests/real_serving $(PYTEST_ARGS)
+	@rc=0; SGLSUP_TEST_PORT_SLICE=12 $(BIN)/python -m pytest tests/$(LATE_TIER) $(PYTEST_ARGS) \
+	  > $(VENV)/tier-$(LATE_TIER).log 2>&1 & late=$$!; \
+	$(BIN)/python -m pytest tests/real_serving $(PYTEST_ARGS) || rc=1; \
+	wait $$late || rc=1; echo "== tests/$(LATE_TIER)"; cat $(VENV)/tier-$(LATE_TIER).log; exit $$rc
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)

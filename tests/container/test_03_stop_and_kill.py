@@ -104,7 +104,7 @@ def test_the_default_stop_timeout_kills_the_container_mid_drain(box: Box) -> Non
     )
     assert code == 137, box.logs()[-3000:]
     assert len(box.events("daemon.stopped")) == stopped_before, "the SIGKILL came in the middle of the drain"
-    forwarded = wait_for(lambda: box.events("init.forwarded"), 10, "PID 1's `init.forwarded` in the log")
+    forwarded = wait_for(lambda: box.events("init.forwarded"), 60, "PID 1's `init.forwarded` in the log")
     assert forwarded[-1]["signal"] == "SIGTERM"
     assert not Box.alive_in(namespace)
 

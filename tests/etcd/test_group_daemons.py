@@ -72,7 +72,7 @@ def test_a_rank_killed_on_node_1_restarts_both_nodes_with_one_bump(
     """Node 1's TP15 dies: one generation bump, both daemons relaunch their node, both serve again."""
     n0, n1 = pair
     n0.wait(lambda s: bool(n0.group()["group_up"]), READY_S, "node 0 seeing both nodes up")
-    assert n0.group()["generation"] == 1
+    generation = n0.group()["generation"]  # 1, unless a loaded start already took one relaunch
     before = (n0.server()["pid"], n1.server()["pid"])
     kill_rank(n1, "sglang::scheduler_TP15")
     for n in (n0, n1):
@@ -82,7 +82,7 @@ def test_a_rank_killed_on_node_1_restarts_both_nodes_with_one_bump(
             "each node relaunched and serving",
         )
     g0, g1 = n0.group(), n1.group()
-    assert g0["generation"] == g1["generation"] == 2
+    assert g0["generation"] == g1["generation"] == generation + 1
     assert "crash" in g0["reason"] and g0["members"]["1"]["state"] == "serving"
     assert n0.status()["servers"][0]["fallback"]["rung"] == n1.status()["servers"][0]["fallback"]["rung"]
 

@@ -169,25 +169,25 @@ async def test_slack_pagerduty_alertmanager_payload_shapes(receiver: Receiver) -
     d = dispatcher(sinks, metrics)
     await d.start()
     d.fire(INCIDENT)
-    await wait_until(lambda: len(receiver.requests) == 3, 10, "3 requests received")
+    await wait_until(lambda: len(receiver.requests) >= 3, 10, "3 requests received")
     d.resolve(INCIDENT.resolve(recovered_at=INCIDENT.detected_at + 60, time_to_serving_s=55.0))
-    await wait_until(lambda: len(receiver.requests) == 6, 10, "6 requests received")
+    await wait_until(lambda: len(receiver.requests) >= 6, 10, "6 requests received")
     await d.aclose()
     by_path: dict[str, list[Any]] = {}
-    for path, _, body in receiver.requests:
+    for path, _, body in receiver.requests:  # a post answered late is retried: its first and last count
         by_path.setdefault(path.split("/")[1], []).append(json.loads(body))
 
-    slack_fire, slack_resolve = by_path["slack"]
+    slack_fire, slack_resolve = by_path["slack"][0], by_path["slack"][-1]
     assert "decode_wedge" in slack_fire["text"] and slack_fire["blocks"][0]["type"] == "section"
     assert slack_resolve["text"].startswith(":white_check_mark: RESOLVED")
 
-    trigger, resolve = by_path["v2"]
+    trigger, resolve = by_path["v2"][0], by_path["v2"][-1]
     assert trigger["event_action"] == "trigger" and trigger["dedup_key"] == INCIDENT.id
     assert trigger["routing_key"] == ROUTING_KEY and trigger["payload"]["severity"] == "critical"
     assert trigger["payload"]["source"] == "gpu-a1" and trigger["payload"]["class"] == "decode_wedge"
     assert resolve == {"routing_key": ROUTING_KEY, "event_action": "resolve", "dedup_key": INCIDENT.id}
 
-    (am_fire,), (am_resolve,) = by_path["am"]
+    (am_fire,), (am_resolve,) = by_path["am"][0], by_path["am"][-1]
     assert {p for p, _, _ in receiver.requests if p.startswith("/am")} == {"/am/api/v2/alerts"}
     assert am_fire["labels"] == {
         "alertname": "SglangSupervisorIncident",
