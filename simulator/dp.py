@@ -14,7 +14,8 @@ from __future__ import annotations
 import itertools
 import threading
 
-from simulator.engine import Engine, Req
+from simulator.engine import Engine
+from simulator.request import Req
 
 
 class RouteError(ValueError):

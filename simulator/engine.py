@@ -11,34 +11,16 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from simulator.faults import FaultBook
 from simulator.logs import log, rank_prefix
 from simulator.modes import choose_mode
+from simulator.request import Req
 from simulator.sim_metrics import SimMetrics
 from simulator.watchdog import watchdog_loop
 
-Sink = Callable[[list[str], bool, str], None]  # (new tokens, finished, finish_reason)
 IDLE_PUBLISH_S = 0.2  # an idle scheduler loop publishes its load snapshot this often (SGLang: each loop)
-
-
-@dataclass
-class Req:
-    """One generation request as the scheduler sees it."""
-
-    rid: str
-    tokens: list[str]
-    prompt_tokens: int
-    finish_reason: str
-    sink: Sink
-    kind: str = "user"  # "user" | "health" | "warmup"
-    created: float = field(default_factory=time.monotonic)
-    first_token_at: float | None = None
-    pos: int = 0
-    last_token_at: float = 0.0
-    stuck: str = ""  # request_stuck: "stuck" (never a token; an abort ends it), "unabortable" (nor that)
 
 
 class Engine:

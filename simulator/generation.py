@@ -16,7 +16,6 @@ from aiohttp import web
 from simulator import pd
 from simulator.cli import SimServerArgs
 from simulator.dp import DpEngines, RouteError
-from simulator.engine import Req
 from simulator.errors import error, read_json
 from simulator.families import ChatRequest, generate_chat, generate_text
 from simulator.faults import FaultBook
@@ -25,6 +24,7 @@ from simulator.openai_api import ApiError, chat_chunk, chat_completion, parse_ch
 from simulator.parsers.chat import StreamParser, chunk_tokens, parse_complete
 from simulator.pause import PauseGate
 from simulator.reqlog import RequestLog
+from simulator.request import Req
 
 
 class Generation:

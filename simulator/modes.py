@@ -7,13 +7,28 @@ crash in a rank, a long prefill chunk, a slow DP rank, a brownout (a slow step, 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from simulator.engine import Engine, Req
+from simulator.faults import FaultBook
+from simulator.request import Req
 
 
-def choose_mode(engine: Engine, running: list[Req]) -> tuple[str, float]:
+class Stepping(Protocol):
+    """What a step's mode is chosen from: the engine's faults, layout and step, and what it records."""
+
+    faults: FaultBook
+    tp_size: int
+    step_s: float
+    overlap: bool
+    speculative: bool
+    long_prefill_until: float
+    capacity: int | None
+    dp_rank: int | None
+    dp_size: int
+    dp_attention: bool
+
+
+def choose_mode(engine: Stepping, running: list[Req]) -> tuple[str, float]:
     """The fault (if any) this step runs into, and the step duration."""
     concurrency = len([r for r in running if r.kind == "user"])
     longest = max((len(r.tokens) for r in running), default=0)
@@ -56,7 +71,7 @@ def choose_mode(engine: Engine, running: list[Req]) -> tuple[str, float]:
     return "", engine.step_s
 
 
-def _mine(engine: Engine, name: str) -> bool:
+def _mine(engine: Stepping, name: str) -> bool:
     """A fault of one DP rank (param `dp_rank`, the last rank by default) is this engine's; with DP attention a
     rank's fault, once fired, holds every rank at its next step."""
     fault = engine.faults.get(name)
@@ -67,7 +82,7 @@ def _mine(engine: Engine, name: str) -> bool:
     return int(fault.params.get("dp_rank", engine.dp_size - 1)) == engine.dp_rank
 
 
-def _ima_due(engine: Engine) -> bool:
+def _ima_due(engine: Stepping) -> bool:
     """The rank aborts `crash_after_s` after the fault fired (0: at once); until then the GPU's Xid is on record
     while the ranks still run, as when a card falls off the bus and the next CUDA call fails."""
     fault = engine.faults.fired("illegal_memory_access")

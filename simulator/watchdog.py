@@ -5,15 +5,28 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from simulator.logs import log
-
-if TYPE_CHECKING:
-    from simulator.engine import Engine
+from simulator.request import Req
 
 
-def watchdog_loop(engine: Engine) -> None:
+class Watched(Protocol):
+    """What the watchdog reads of the engine it watches."""
+
+    watchdog_timeout: float
+    watchdog_label: str
+    forward_ct: int
+    batch_active_since: float | None
+    stopping: bool
+    wedged: str
+    dead: bool
+    prefix: str
+    running: list[Req]
+    rank_pids: list[int]
+
+
+def watchdog_loop(engine: Watched) -> None:
     """SGLang's hard scheduler watchdog: a batch with no forward progress for the timeout → SIGQUIT."""
     period = max(engine.watchdog_timeout / 2, 0.5)
     last_ct, last_change = engine.forward_ct, time.monotonic()
