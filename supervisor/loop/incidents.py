@@ -125,7 +125,20 @@ class IncidentBook:
         detection_latency_s: float | None,
     ) -> Incident:
         """A fault was detected and a plan chosen: record, count, alert."""
-        incident = self._new(
+        return self.record_fault(self.draft_fault(server, wall, fault, plan, argv, rung, detection_latency_s))
+
+    def draft_fault(
+        self,
+        server: str,
+        wall: float,
+        fault: Fault,
+        plan: Plan,
+        argv: tuple[str, ...],
+        rung: int,
+        detection_latency_s: float | None,
+    ) -> Incident:
+        """The incident of a fault and its plan, not yet recorded (a recovery puts its id on disk first)."""
+        return self._new(
             server,
             wall,
             fault.kind,
@@ -137,18 +150,22 @@ class IncidentBook:
             severity="page" if plan.page else "warning",
             detection_latency_s=detection_latency_s,
         )
+
+    def record_fault(self, incident: Incident) -> Incident:
+        """A drafted fault incident: journaled, counted, logged, alerted."""
         self._store(incident)
-        self.metrics.incident(server, fault.kind)
-        if detection_latency_s is not None:
-            self.metrics.observe_detection(fault.kind, detection_latency_s)
+        self.metrics.incident(incident.server, incident.fault)
+        latency = incident.detection_latency_s
+        if latency is not None:
+            self.metrics.observe_detection(incident.fault, latency)
         log.warning(
             "fault.detected",
-            server=server,
+            server=incident.server,
             incident=incident.id,
-            fault=fault.kind,
-            reason=fault.reason,
-            action=plan.action,
-            detection_latency_s=detection_latency_s,
+            fault=incident.fault,
+            reason=incident.reason,
+            action=incident.action,
+            detection_latency_s=latency,
         )
         self._fire(incident)
         return incident

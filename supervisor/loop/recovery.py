@@ -93,12 +93,14 @@ async def recover(loop: Loop, fault: Fault, decided: Next) -> None:
     now = loop.clock.monotonic()
     chosen = decided.plan
     latency = max(0.0, now - fault.onset_at) if fault.onset_at is not None else None
-    incident = loop.svc.incidents.fault(
+    incident = loop.svc.incidents.draft_fault(
         loop.name, loop.clock.wall(), fault, chosen, owner.argv, owner.rung, latency
     )
-    # the chosen rung is on disk before any step that a daemon death could interrupt
+    # the chosen rung and the incident's id are on disk before the journal shows the incident and before any
+    # step that a daemon death could interrupt: a daemon stopped after either finds the recovery to complete
     step = (chosen.ladder_key, chosen.rung) if chosen.ladder_key is not None else None
     owner.begin_recovery(chosen.levels, step, incident, now)
+    loop.svc.incidents.record_fault(incident)
     owner.transition(S.RECOVERING, f"{fault.kind}: {fault.reason}")
     forensics = await _forensics(loop, incident) if owner.run is not None else ""
     report = await release_run(loop, mode="kill")

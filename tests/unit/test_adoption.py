@@ -15,6 +15,8 @@ from policies.states import ServerState
 from supervisor.daemon import Daemon
 from supervisor.loop.commands import Command
 from supervisor.loop.server import ServerLoop
+from supervisor.records.incident import Incident
+from supervisor.records.statefile import StateFile
 from tests.unit.loop_fakes import FakeClock, FakeHost, daemon, until
 
 pytestmark = pytest.mark.unit
@@ -135,4 +137,29 @@ async def test_a_run_whose_recovery_was_under_way_is_replaced_not_adopted(tmp_pa
     assert len(host.runs) == 2 and host.runs[0].exit_code is not None
     wedge = [i for i in d.svc.incidents.recent if i.fault == "decode_wedge"][-1]
     assert wedge.recovered_at is not None and "mid-recovery" in wedge.reason
+    await leave(loop, task, handover=False)
+
+
+async def test_a_fault_incident_reaches_the_journal_only_once_the_state_file_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon stopped the moment its journal shows a fault incident is stopped mid-recovery: the state file
+    on disk already names that incident (the next daemon completes it instead of leaving its alert open)."""
+    host, clock = FakeHost(), FakeClock()
+    d = daemon(tmp_path, host, clock)
+    loop, task = await serve(d)
+    journal = d.svc.incidents.journal
+    on_disk: dict[str, str] = {}
+    append = journal.append
+
+    def seen(incident: Incident) -> None:
+        if incident.fault == "crash" and incident.id not in on_disk:
+            record = StateFile.load(d.svc.statefile.path).record("sim")
+            on_disk[incident.id] = record.open_incident
+        append(incident)
+
+    monkeypatch.setattr(journal, "append", seen)
+    host.run.exit_code = -9
+    await until(lambda: len(host.runs) == 2 and loop.state is S.SERVING)
+    assert on_disk and all(k == v for k, v in on_disk.items()), on_disk
     await leave(loop, task, handover=False)
