@@ -106,6 +106,20 @@ def may_stop(available: int, min_available: int) -> tuple[bool, str]:
     return False, f"only {available} other ready worker(s) in the gateway, min_available is {min_available}"
 
 
+TURN_SLOT_S = 3.0  # longer than a leave and its recheck on a loaded host
+TURNS = 8  # a pool of more workers reuses the turns (min_available is then small beside it)
+
+
+def turn_s(url: str, model: str, listed: Iterable[Listed], slot_s: float = TURN_SLOT_S) -> float:
+    """How long a planned restart of the worker at `url` waits before its first `min_available` check: its place
+    among the model's worker URLs (sorted; every daemon sees the same list), so restarts asked of several daemons
+    at once check and leave in turn instead of all leaving in the same instant and emptying the pool until each
+    recheck puts them back."""
+    urls = {w.url.rstrip("/") for w in listed if not model or not w.model or w.model == model}
+    place = sorted(urls | {url.rstrip("/")}).index(url.rstrip("/"))
+    return (place % TURNS) * slot_s
+
+
 def backoff_s(failures: int, base: float = 1.0, cap: float = 30.0) -> float:
     """Seconds before the next try after `failures` failed rounds in a row."""
     return min(cap, base * 2 ** max(0, failures - 1)) if failures else 0.0

@@ -60,14 +60,19 @@ async def leave_for_planned_stop(loop: Loop, api_key: str | None) -> str:
 
 async def wait_for_others(loop: Loop) -> tuple[bool, str]:
     """Before a planned restart: out of the gateway only while `min_available` other ready workers of the model
-    stay in it — checked before leaving and again after (a peer daemon may have left at the same moment: then
-    back in, and tried again after a random pause). Bounded by `[gateway] wait_available_s`; (go ahead, why)."""
+    stay in it — checked in this worker's turn (restarts asked of several daemons at once go one after another),
+    before leaving and again after (a peer daemon may still have left at the same moment: then back in, and tried
+    again after a random pause). Bounded by `[gateway] wait_available_s`; (go ahead, why)."""
     gateway, cfg = loop.svc.gateway, loop.svc.config.gateway
     if gateway is None or cfg is None or cfg.min_available == 0 or loop.cfg.role is Role.ROUTER:
         return True, ""
-    own = [w.url for w in gateway.wants()]
+    wants = gateway.wants()
+    own = [w.url for w in wants]
     model = loop.cfg.arg("--served-model-name") or loop.cfg.model_path or ""
     deadline = time.monotonic() + cfg.wait_available_s
+    mine = next((w.url for w in wants if w.server == loop.name), "")
+    if mine:
+        await asyncio.sleep(min(await gateway.turn_s(model, mine), max(0.0, deadline - time.monotonic())))
     while True:
         ok, why = await _count(gateway, model, own, cfg.min_available)
         if ok:

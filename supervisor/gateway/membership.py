@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from policies.membership import Listed, Want, backoff_s, calls, member_id, others_available
+from policies.membership import Listed, Want, backoff_s, calls, member_id, others_available, turn_s
 from supervisor.gateway.client import GatewayClient, GatewayError
 from supervisor.reporting.metrics import SupervisorMetrics
 
@@ -189,6 +189,15 @@ class Membership:
         except GatewayError:
             return None
         return others_available(model, own, listed)
+
+    async def turn_s(self, model: str, url: str) -> float:
+        """The wait before a planned restart's first `min_available` check (policies.membership.turn_s); 0 when
+        the gateway does not answer (the check that follows says so)."""
+        try:
+            listed = await self._listed()
+        except GatewayError:
+            return 0.0
+        return turn_s(url, model, listed)
 
     def view(self, server: str) -> dict[str, Any]:
         """This server's membership for `/status` (no key, no secret)."""

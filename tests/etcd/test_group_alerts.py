@@ -28,7 +28,7 @@ BARRIER_TIMEOUT_S = 3.0
 def watched(
     tmp_path: Path, etcd: EtcdServer
 ) -> Iterator[tuple[GroupDeployment, GroupDeployment, ThreadedProxy, Prometheus]]:
-    """Both daemons serving at generation 1 (node 1 behind a cuttable proxy to etcd), and Prometheus scraping them."""
+    """Both daemons serving (node 1 behind a cuttable proxy to etcd), and Prometheus scraping them."""
     proxy = ThreadedProxy(etcd.client_port)
     addr = f"127.0.0.1:{free_port()}"
     nodes = []
@@ -88,6 +88,7 @@ def test_a_partition_fires_etcd_unreachable_and_stuck_in_barrier_which_resolve_o
     """Node 1 cut off from etcd: SglangGroupEtcdUnreachable fires for node 1 and SglangGroupStuckInBarrier for
     node 0, which released and waits past its barrier timeout; healed, the group serves again and both resolve."""
     n0, n1, proxy, prometheus = watched
+    before = n0.group()["generation"]  # a launch slowed by a loaded host may already have taken a second one
     cut = time.time()
     proxy.cut()
     expected = (("SglangGroupEtcdUnreachable", n1), ("SglangGroupStuckInBarrier", n0))
@@ -101,4 +102,5 @@ def test_a_partition_fires_etcd_unreachable_and_stuck_in_barrier_which_resolve_o
         labels = {"instance": f"127.0.0.1:{node.http_port}", "group": "g"}
         spans = prometheus.firing_spans(alert, labels, cut - 1)
         assert spans and spans[0][0] >= cut - 1, (alert, spans)
-    assert n0.group()["generation"] == n1.group()["generation"] == 2
+    after = n0.group()["generation"]
+    assert after == n1.group()["generation"] and after > before, (before, after)

@@ -205,32 +205,36 @@ class Clients:
 class Dispatches:
     """When the gateway sent requests to each worker URL: SMG's own per-worker counter
     (`smg_worker_requests_total{worker=URL}`, on its Prometheus port), sampled every 0.1 s. A removed worker's
-    series vanishes and a re-added one starts again at 0: every rise counts, none is lost to a reset."""
+    series vanishes and a re-added one starts again at 0: every rise counts, none is lost to a reset. A rise is
+    known only to lie between the sample before it and the one that saw it (a loaded host stretches that span),
+    so each is kept as that span."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.url = f"http://127.0.0.1:{gateway.prometheus_port}/metrics"
-        self.times: dict[str, list[float]] = {}  # worker URL -> wall times its count rose
+        self.spans: dict[str, list[tuple[float, float]]] = {}  # worker URL -> (after, before) of each rise
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         last: dict[str, float] = {}
+        previous = time.time()
         while not self.stop.wait(0.1):
             with contextlib.suppress(OSError, ValueError):
-                now, seen = time.time(), {}
+                asked, seen = time.time(), {}
                 for line in http(self.url, timeout=1.0).body.decode().splitlines():
                     if line.startswith("smg_worker_requests_total{") and 'worker="' in line:
                         worker = line.split('worker="', 1)[1].split('"', 1)[0]
                         seen[worker] = float(line.rsplit(" ", 1)[1])
+                now = time.time()
                 for worker, count in seen.items():
                     if count > last.get(worker, 0.0):
-                        self.times.setdefault(worker, []).append(now)
-                last = seen
+                        self.spans.setdefault(worker, []).append((previous, now))
+                last, previous = seen, asked  # the next rise came after this count was read
 
-    def between(self, url: str, start: float, end: float) -> list[float]:
-        """When the gateway sent `url` requests within [start, end] (wall time)."""
-        return [t for t in self.times.get(url, []) if start <= t <= end]
+    def between(self, url: str, start: float, end: float) -> list[tuple[float, float]]:
+        """The rises of `url`'s count certainly within [start, end] (wall time): their whole span inside it."""
+        return [(lo, hi) for lo, hi in self.spans.get(url, []) if start <= lo and hi <= end]
 
     def close(self) -> None:
         self.stop.set()

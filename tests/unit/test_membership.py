@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from policies.membership import Listed, Want, backoff_s, calls, may_stop, member_of, others_available
+from policies.membership import (
+    TURN_SLOT_S,
+    TURNS,
+    Listed,
+    Want,
+    backoff_s,
+    calls,
+    may_stop,
+    member_of,
+    others_available,
+    turn_s,
+)
 from supervisor.gateway.client import GatewayError
 from supervisor.gateway.membership import Membership
 from supervisor.reporting.metrics import SupervisorMetrics
@@ -113,3 +124,20 @@ async def test_a_round_removes_first_and_one_refused_add_holds_up_nothing_else()
     fake.refuse = ()
     await membership.round()
     assert membership.failures == 0 and membership.view("a")["member"]
+
+
+def test_restarts_asked_at_once_check_min_available_in_turn() -> None:
+    """Every daemon sees the same worker list: each worker of the model has its own turn, a slot apart (in the
+    same instant all three would leave, each recheck would find none left, and the pool would be empty until
+    they rejoined); a worker not listed yet takes its place among them; other models do not count."""
+    listed = [
+        Listed("1", "http://h2:30000", model="m"),
+        Listed("2", "http://h1:30001/", model="m"),
+        Listed("3", "http://h1:30000", model="m"),
+        Listed("4", "http://h0:30000", model="other"),
+    ]
+    turns = [turn_s(u, "m", listed) for u in ("http://h1:30000", "http://h1:30001", "http://h2:30000")]
+    assert turns == [0.0, TURN_SLOT_S, 2 * TURN_SLOT_S]
+    assert turn_s("http://h1:29999", "m", listed) == 0.0
+    many = [Listed(str(i), f"http://h{i:02d}:30000", model="m") for i in range(TURNS + 1)]
+    assert turn_s(f"http://h{TURNS:02d}:30000", "m", many) == 0.0, "the turns repeat past TURNS workers"
