@@ -94,13 +94,27 @@ def dockerfile() -> Path:
 
 
 def build(engine: Engine, wheel: Path, context: Path, source: Path | None = None) -> float:
-    """Import the base under its official tag and build `source` (the shipped Dockerfile) as TAG from a context
-    holding only it and the wheel; the build's seconds."""
+    """Import the base under its official tag and build `source` (the shipped Dockerfile) as TAG; the build's
+    seconds."""
     engine("import", "--change", 'CMD ["/bin/bash"]', str(base_rootfs()), BASE, timeout_s=300)
+    return build_on(engine, wheel, context, TAG, source=source)
+
+
+def build_on(
+    engine: Engine,
+    wheel: Path,
+    context: Path,
+    tag: str,
+    build_args: tuple[str, ...] = (),
+    source: Path | None = None,
+) -> float:
+    """Build `source` (the shipped Dockerfile) as `tag` from a context holding only it and the wheel, with
+    `--build-arg`s `build_args` (its base already in the engine); the build's seconds."""
     context.mkdir(parents=True, exist_ok=True)
     shutil.copy(source or dockerfile(), context / "Dockerfile")
     shutil.copy(wheel, context / wheel.name)
-    argv = ["build", "--network", "host", "-f", str(context / "Dockerfile"), "-t", TAG]
+    argv = ["build", "--network", "host", "-f", str(context / "Dockerfile"), "-t", tag]
+    argv += [arg for value in build_args for arg in ("--build-arg", value)]
     if engine.name == "podman":  # the default OCI format drops HEALTHCHECK
         argv += ["--format", "docker", "--pull=never"]
     started = time.monotonic()

@@ -131,12 +131,14 @@ class Box:
         token.chmod(0o600)
 
     @classmethod
-    def start(cls, engine: Engine, folder: Path, name: str, options: Sequence[str] = ()) -> Box:
+    def start(
+        cls, engine: Engine, folder: Path, name: str, options: Sequence[str] = (), image: str = TAG
+    ) -> Box:
         """`run -d` the image with the folder's config and token mounted read-only."""
         network = [] if any(o.startswith("--network") for o in options) else ["--network", "none"]
         engine(
             "run", "-d", "--name", name, *network, *options,
-            "-v", f"{folder / 'config.toml'}:{CONFIG}:ro", "-v", f"{folder / 'token'}:{TOKEN}:ro", TAG,
+            "-v", f"{folder / 'config.toml'}:{CONFIG}:ro", "-v", f"{folder / 'token'}:{TOKEN}:ro", image,
         )  # fmt: skip
         return cls(engine, name, folder)
 
@@ -161,6 +163,10 @@ class Box:
     def get(self, path: str, port: int = STATUS_PORT, timeout_s: float = 4.0) -> tuple[int, str]:
         """GET `path` on the container's loopback: (status, body); (0, "") when nothing answers."""
         return self._request(path, port, timeout_s)
+
+    def post(self, path: str, body: dict[str, Any], port: int, timeout_s: float) -> tuple[int, str]:
+        """POST JSON `body` to `path` on the container's loopback: (status, body); (0, "") when nothing answers."""
+        return self._request(path, port, timeout_s, json.dumps(body))
 
     def post_fault(self, fault: dict[str, Any]) -> tuple[int, str]:
         """Arm a simulator fault live (`POST /sim/fault` on the container's loopback)."""
