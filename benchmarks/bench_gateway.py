@@ -134,9 +134,9 @@ def run_one(config: str, root: Path) -> dict[str, Any]:
                 haproxy.kill()
                 haproxy.wait(timeout=10)
     detected = float(again["a"]["last_incident"]["detected_at"])
-    back = dispatches.between(dep.url_of("a"), killed, time.time())
+    back = [seen for _, seen in dispatches.between(dep.url_of("a"), killed, time.time())]
     failed = clients.failed()
-    to_old = dispatches.between(dep.url_of("a"), detected, killed)
+    to_old = [seen for _, seen in dispatches.between(dep.url_of("a"), detected, killed)]
     return {
         "requests": len(clients.results),
         "failed": len(failed),

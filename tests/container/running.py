@@ -57,6 +57,7 @@ def config(
     host: str = "0.0.0.0",
     port: int = STATUS_PORT,
     tp: int = 2,
+    sim_port: int = SIM_PORT,
 ) -> str:
     """A simulator config for inside the image: state, logs and stand-in GPUs in the container's own folders, the
     simulator from the supervisor's venv (the image's python3 has only the stand-in SGLang), the control token
@@ -70,7 +71,7 @@ def config(
         "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
         "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
     }
-    args = ["--model-path", "moonshotai/Kimi-K2.5", "--tp-size", str(tp), "--port", str(SIM_PORT),
+    args = ["--model-path", "moonshotai/Kimi-K2.5", "--tp-size", str(tp), "--port", str(sim_port),
             "--tool-call-parser", "kimi_k2", "--reasoning-parser", "kimi_k2", "--enable-metrics"]  # fmt: skip
     lines = [
         "[supervisor]",
@@ -93,7 +94,7 @@ def config(
         f"args = {json.dumps(args)}",
         f"gpus = {gpus}",
         f"gpu_device_paths = {json.dumps([f'{SIM}/dev/nvidia{g}' for g in gpus])}",
-        f"ports = [{SIM_PORT + 2}]",
+        f"ports = [{sim_port + 2}]",
         "startup_budget_s = 120",
         "startup_silence_s = 60",
         f"drain_grace_s = {drain_grace_s}",
