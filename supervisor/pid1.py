@@ -44,13 +44,11 @@ _WAIT_S = 1.0
 
 
 def _log(event: str, **fields: object) -> None:
-    """One JSON line on stderr, in the daemon's own form (`event`, `level`, `timestamp`)."""
+    """One JSON line on stderr, in the daemon's own form (`event`, `level`, `timestamp`), in one write: the
+    daemon writes to the same pipe, and a line written in two parts could be split by one of its lines."""
     stamp = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-    print(
-        json.dumps({"event": event, "level": "info", "timestamp": stamp, **fields}),
-        file=sys.stderr,
-        flush=True,
-    )
+    sys.stderr.write(json.dumps({"event": event, "level": "info", "timestamp": stamp, **fields}) + "\n")
+    sys.stderr.flush()
 
 
 def _spawn(argv: Sequence[str]) -> int:

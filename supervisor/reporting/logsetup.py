@@ -60,6 +60,8 @@ def configure(level: str = "info", json_logs: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # one write per line (print writes the line and its newline apart): PID 1 and SGLang's launcher may write
+        # to the same pipe, and a line split in two could take one of theirs in between
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )

@@ -22,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,6 +133,9 @@ class Engine:
         else:
             stop_dockerd(self)
         unmount_below(self.root)
+        scratch = self.root / "tmp"
+        if scratch.is_symlink():
+            shutil.rmtree(scratch.resolve(), ignore_errors=True)
 
     def containers(self) -> list[str]:
         out = self("ps", "-aq", check=False).stdout
@@ -188,10 +193,13 @@ def stop_dockerd(engine: Engine) -> None:
 
 
 def podman(root: Path) -> Engine:
-    """Rootful podman with its configuration, storage and state under `root`."""
+    """Rootful podman with its configuration, storage and state under `root`, and its temporary files in a short
+    folder of /tmp that `root` links to (slirp4netns puts its API socket there, and a socket's path must be
+    under 108 bytes: pytest's temporary folders are longer)."""
     conf = root / "conf"
-    for sub in ("conf", "tmp", "run", "storage", "networks"):
+    for sub in ("conf", "run", "storage", "networks"):
         (root / sub).mkdir(parents=True, exist_ok=True)
+    (root / "tmp").symlink_to(tempfile.mkdtemp(prefix="sglsup-podman-", dir="/tmp"))
     ulimits = ", ".join(json.dumps(limit) for limit in ULIMITS)
     (conf / "containers.conf").write_text(
         "[engine]\n"
@@ -199,7 +207,7 @@ def podman(root: Path) -> Engine:
         'cgroup_manager = "cgroupfs"\n'
         'events_logger = "file"\n'
         f'events_logfile_path = "{root}/events.log"\n'
-        f'tmp_dir = "{root}/tmp"\n'
+        f'tmp_dir = "{(root / "tmp").resolve()}"\n'
         f'volume_path = "{root}/storage/volumes"\n'
         f'static_dir = "{root}/storage/libpod"\n'
         "[network]\n"
@@ -215,7 +223,7 @@ def podman(root: Path) -> Engine:
         **os.environ,
         "CONTAINERS_CONF": str(conf / "containers.conf"),
         "CONTAINERS_STORAGE_CONF": str(conf / "storage.conf"),
-        "TMPDIR": str(root / "tmp"),
+        "TMPDIR": str((root / "tmp").resolve()),
     }
     return Engine("podman", [PODMAN], env, root)
 

@@ -104,7 +104,10 @@ def test_the_default_stop_timeout_kills_the_container_mid_drain(box: Box) -> Non
     )
     assert code == 137, box.logs()[-3000:]
     assert len(box.events("daemon.stopped")) == stopped_before, "the SIGKILL came in the middle of the drain"
-    forwarded = wait_for(lambda: box.events("init.forwarded"), 60, "PID 1's `init.forwarded` in the log")
+    try:
+        forwarded = wait_for(lambda: box.events("init.forwarded"), 60, "PID 1's `init.forwarded` in the log")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}:\n{box.logs()[-3000:]}") from None
     assert forwarded[-1]["signal"] == "SIGTERM"
     assert not Box.alive_in(namespace)
 
