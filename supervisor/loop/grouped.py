@@ -86,8 +86,11 @@ class LoopServer:
         assert fault is not None and decided is not None
         now = loop.clock.monotonic()
         latency = max(0.0, now - fault.onset_at) if fault.onset_at is not None else None
-        incident = loop.svc.incidents.fault(
-            loop.name, loop.clock.wall(), fault, decided.plan, loop.owner.argv, loop.owner.rung, latency
+        incidents = loop.svc.incidents
+        incident = incidents.record_fault(
+            incidents.draft_fault(
+                loop.name, loop.clock.wall(), fault, decided.plan, loop.owner.argv, loop.owner.rung, latency
+            )
         )
         loop.owner.open_incident(incident, now)
         if self.node is None:

@@ -114,19 +114,6 @@ class IncidentBook:
             **kw,
         )
 
-    def fault(
-        self,
-        server: str,
-        wall: float,
-        fault: Fault,
-        plan: Plan,
-        argv: tuple[str, ...],
-        rung: int,
-        detection_latency_s: float | None,
-    ) -> Incident:
-        """A fault was detected and a plan chosen: record, count, alert."""
-        return self.record_fault(self.draft_fault(server, wall, fault, plan, argv, rung, detection_latency_s))
-
     def draft_fault(
         self,
         server: str,

@@ -185,6 +185,14 @@ class Box:
         code, _, answer = result.stdout.partition("\n")
         return (int(code), answer) if code.isdigit() else (0, "")
 
+    def requests_running(self, port: int = SIM_PORT) -> bool:
+        """Whether the server inside counts a request running (`sglang:num_running_reqs` above 0)."""
+        _, metrics = self.get("/metrics", port=port)
+        return any(
+            line.startswith("sglang:num_running_reqs") and float(line.split()[-1]) > 0
+            for line in metrics.splitlines()
+        )
+
     def post_in_background(
         self, path: str, body: dict[str, Any], port: int = SIM_PORT
     ) -> subprocess.Popen[bytes]:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.container.engines import Engine
-from tests.container.running import SIM_PORT, STOP_TIMEOUT_S, Box, config, record
+from tests.container.running import STOP_TIMEOUT_S, Box, config, record
 from tests.support.wait import wait_for
 
 DRAIN_GRACE_S = 15  # longer than the engines' default stop timeout
@@ -50,15 +50,7 @@ def wedge_a_request(box: Box) -> subprocess.Popen[bytes]:
         "max_tokens": 8,
     }
     client = box.post_in_background("/v1/chat/completions", body_)
-
-    def running() -> bool:
-        _, metrics = box.get("/metrics", port=SIM_PORT)
-        return any(
-            line.startswith("sglang:num_running_reqs") and float(line.split()[-1]) > 0
-            for line in metrics.splitlines()
-        )
-
-    wait_for(running, 30, "the wedged request running", interval=0.2)
+    wait_for(box.requests_running, 30, "the wedged request running", interval=0.2)
     return client
 
 

@@ -154,14 +154,7 @@ def test_docker_stop_drains_a_request_in_flight_and_exits_0(box: Box) -> None:
     )
     client.start()
 
-    def running() -> bool:
-        _, metrics = box.get("/metrics", port=PORT)
-        return any(
-            line.startswith("sglang:num_running_reqs") and float(line.split()[-1]) > 0
-            for line in metrics.splitlines()
-        )
-
-    wait_for(running, 120, "the request running", interval=0.2)
+    wait_for(lambda: box.requests_running(PORT), 120, "the request running", interval=0.2)
     namespace = box.pid_namespace()
     code, took = box.stop("--time", str(STOP_TIMEOUT_S), timeout_s=STOP_TIMEOUT_S + 60)
     client.join(timeout=60)

@@ -125,10 +125,11 @@ async def test_a_run_whose_recovery_was_under_way_is_replaced_not_adopted(tmp_pa
     loop, task = await serve(first)
     await leave(loop, task, handover=True)
     record = first.svc.statefile.record("sim")
-    record.open_incident = first.svc.incidents.fault(
+    incidents = first.svc.incidents
+    record.open_incident = incidents.record_fault(incidents.draft_fault(
         "sim", clock.wall(), Fault("decode_wedge", {}, 0.9, "stalled", clock.monotonic()),
         Plan("relaunch", "rung 1"), (), 0, None,
-    ).id  # fmt: skip
+    )).id  # fmt: skip
     first.svc.save_state()
     d = daemon(tmp_path, host, clock)
     loop, task = await serve(d)
