@@ -49,11 +49,12 @@ class Clients:
 
 
 def test_a_brownout_is_an_alert_and_clears_without_a_restart(tmp_path: Path) -> None:
-    """Four clients; after 40 requests every step is 20 times slower and the batch pinned at its size: the queue
-    grows for `brownout_after_s` (20 s here) at a few percent of the baseline throughput → `brownout`, action
-    `alert`, `degraded`, same PID. The clients stop, the queue shrinks: `serving` again, the incident resolved."""
+    """Four clients; after 400 requests (tens of seconds of normal service, several scrapes: the server's own
+    baseline) every step is 20 times slower and the batch pinned at its size: the queue grows for
+    `brownout_after_s` (20 s here) at a few percent of the baseline throughput → `brownout`, action `alert`,
+    `degraded`, same PID. The clients stop, the queue shrinks: `serving` again, the incident resolved."""
     scenario = tmp_path / "scenario.toml"
-    scenario.write_text('[[fault]]\nname = "brownout"\nafter_requests = 40\n')
+    scenario.write_text('[[fault]]\nname = "brownout"\nafter_requests = 400\n')
     env = {"SGLANG_SIM_SCENARIO": str(scenario)}
     with deployment(tmp_path, env=env, probes={"brownout_after_s": 20}) as dep:
         dep.start()
