@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fidelity_target import Target, http_call, metric_shapes, worlds
-from tests.real_serving.support import SCRIPTED, tiny_models
-from tests.support.ports import free_port
-from tests.support.real_sglang import real_serving_python
+from benchmarks.fidelity_target import Target, http_call, metric_shapes, scripted_targets
 
 _SAMPLE = re.compile(r"^sglang:(\w+)\{(.*)\} ([0-9.e+-]+)$")
 GENERATE = {"text": "hello", "sampling_params": {"max_new_tokens": 8}}
@@ -129,18 +125,13 @@ def _stopped(target: Target) -> dict[str, Any]:
 
 def profiles(sim_only: bool, work: Path) -> dict[str, Any]:
     """The DP profile of each world (the simulator, then the real server unless `sim_only`), under `work`."""
-    python = real_serving_python()
-    model = tiny_models(python) / SCRIPTED
-    out: dict[str, Any] = {}
-    for kind, where in worlds(sim_only, work, "dp"):
-        port = free_port(3)
-        module = "simulator.launch_server" if kind == "sim" else "sglang.launch_server"
-        argv = [sys.executable if kind == "sim" else str(python), "-m", module, "--model-path", str(model)]
-        argv += ["--dp-size", "2", "--port", str(port), "--host", "127.0.0.1", "--enable-metrics"]
-        argv += ["--attention-backend", "torch_native", "--mem-fraction-static", "0.05", "--max-total-tokens"]
-        argv += ["4096"] + (["--device", "cpu", "--load-format", "safetensors"] if kind == "real" else [])
-        env = {"SGLANG_SIM_STATE_DIR": str(where / "sim"), "SGLANG_SIM_SHM_DIR": str(where / "shm")}
-        if kind == "real":
-            env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
-        out[kind] = observe(Target(kind, argv, env, port, where))
-    return out
+    return {
+        target.kind: observe(target)
+        for target in scripted_targets(
+            sim_only,
+            work,
+            "dp",
+            ["--dp-size", "2", "--enable-metrics"],
+            {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"},
+        )
+    }

@@ -10,16 +10,12 @@ abort calls' status codes. Everything listens on 127.0.0.1; every process is kil
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fidelity_target import Target, http_call, worlds
-from tests.real_serving.support import SCRIPTED, tiny_models
-from tests.support.ports import free_port
-from tests.support.real_sglang import real_serving_python
+from benchmarks.fidelity_target import Target, http_call, scripted_targets
 
 LOG = ["--log-requests", "--log-requests-level", "1", "--log-requests-format", "json"]
 
@@ -89,16 +85,4 @@ def observe(target: Target) -> dict[str, Any]:
 
 def profiles(sim_only: bool, work: Path) -> dict[str, Any]:
     """The request-log profile of each world (the simulator, then the real server unless `sim_only`)."""
-    python = real_serving_python()
-    model = tiny_models(python) / SCRIPTED
-    out: dict[str, Any] = {}
-    for kind, where in worlds(sim_only, work, "reqlog"):
-        port = free_port(3)
-        module = "simulator.launch_server" if kind == "sim" else "sglang.launch_server"
-        argv = [sys.executable if kind == "sim" else str(python), "-m", module, "--model-path", str(model)]
-        argv += ["--port", str(port), "--host", "127.0.0.1", "--attention-backend", "torch_native", *LOG]
-        argv += ["--mem-fraction-static", "0.05", "--max-total-tokens", "4096"]
-        argv += ["--device", "cpu", "--load-format", "safetensors"] if kind == "real" else []
-        env = {"SGLANG_SIM_STATE_DIR": str(where / "sim"), "SGLANG_SIM_SHM_DIR": str(where / "shm")}
-        out[kind] = observe(Target(kind, argv, env if kind == "sim" else {}, port, where))
-    return out
+    return {target.kind: observe(target) for target in scripted_targets(sim_only, work, "reqlog", LOG)}

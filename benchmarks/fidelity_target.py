@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +18,10 @@ from typing import Any
 
 import psutil
 
+from tests.real_serving.support import SCRIPTED, tiny_models
 from tests.support.daemon import ROOT
+from tests.support.ports import free_port
+from tests.support.real_sglang import real_serving_python
 
 READY_S = 900.0
 STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Z0-9_]+)?\] ")
@@ -135,3 +139,32 @@ def worlds(sim_only: bool, work: Path, section: str) -> Iterator[tuple[str, Path
         where = work / f"{section}-{kind}"
         where.mkdir()
         yield kind, where
+
+
+def scripted_targets(
+    sim_only: bool, work: Path, section: str, args: list[str], real_env: dict[str, str] | None = None
+) -> Iterator[Target]:
+    """The scripted tiny model launched in each world with `args` (on loopback, a fresh port, torch_native attention,
+    a small KV pool; the real one on CPU, `real_env` in its environment), one after the other: each is yielded
+    running, and the caller kills it before the next."""
+    python = real_serving_python()
+    model = tiny_models(python) / SCRIPTED
+    for kind, where in worlds(sim_only, work, section):
+        port = free_port(3)
+        module = "simulator.launch_server" if kind == "sim" else "sglang.launch_server"
+        argv = [
+            sys.executable if kind == "sim" else str(python),
+            "-m",
+            module,
+            "--model-path",
+            str(model),
+            *args,
+        ]
+        argv += ["--port", str(port), "--host", "127.0.0.1", "--attention-backend", "torch_native"]
+        argv += ["--mem-fraction-static", "0.05", "--max-total-tokens", "4096"]
+        if kind == "real":
+            argv += ["--device", "cpu", "--load-format", "safetensors"]
+            env = dict(real_env or {})
+        else:
+            env = {"SGLANG_SIM_STATE_DIR": str(where / "sim"), "SGLANG_SIM_SHM_DIR": str(where / "shm")}
+        yield Target(kind, argv, env, port, where)

@@ -59,6 +59,10 @@ def import_real_base(engine: Engine, venv: Path, timeout_s: float = 900) -> floa
                     out.addfile(member, base.extractfile(member) if member.isfile() else None)
             for top in (home, venv, *_layered(venv)):
                 out.add(top, arcname=str(top).lstrip("/"), filter=lambda m: _keep(m, home))
+    except BaseException:  # the stream broke (or the run was interrupted): the import is not left running
+        proc.kill()
+        proc.wait(timeout=60)
+        raise
     finally:
         proc.stdin.close()
     code = proc.wait(timeout=timeout_s)
